@@ -85,12 +85,16 @@ def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, tmp_pa
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err + out
 
 
-def test_an_existing_run_is_not_overwritten_by_accident(monkeypatch, capsys, tmp_path):
-    args = ["eval", "-p", "oracle", "--tasks", "multi_turn_base_0", "--out", str(tmp_path)]
+def test_same_command_resumes_and_a_different_run_is_refused(monkeypatch, capsys, tmp_path):
+    args = ["eval", "-p", "oracle", "--tasks", "multi_turn_base_0,multi_turn_base_1", "--out", str(tmp_path)]
     assert run_cli(monkeypatch, capsys, *args)[0] == 0
     code, _, err = run_cli(monkeypatch, capsys, *args)
-    assert code == 2 and "pass --overwrite" in err
-    assert run_cli(monkeypatch, capsys, *args, "--overwrite")[0] == 0
+    assert code == 0 and "2 of 2 episodes already done" in err
+    assert len(read_results(tmp_path)) == 2
+    other = ["eval", "-p", "oracle:faults=0.5", "--tasks", "multi_turn_base_0", "--out", str(tmp_path)]
+    code, _, err = run_cli(monkeypatch, capsys, *other)
+    assert code == 2 and "already holds a different run" in err and "--overwrite" in err
+    assert run_cli(monkeypatch, capsys, *other, "--overwrite")[0] == 0
     assert len(read_results(tmp_path)) == 1
 
 

@@ -18,7 +18,7 @@ from seal_rl.errors import SealError
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.evaluate import ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
-from seal_rl.policies import ModelPolicy, parse_policy
+from seal_rl.policies import parse_policy, with_samples
 from seal_rl.profile import describe_run
 from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.tools import FORMATS
@@ -97,18 +97,25 @@ def tasks_show(
 
 @app.command("eval")
 def eval_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | hf:MODEL_DIR")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json.")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
     split: Annotated[str | None, typer.Option(help="train, test or all [default: test].")] = None,
     category: CategoryOption = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
     call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}.")] = "hermes",
     prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}.")] = "bfcl_qwen_fc",
     max_model_calls: Annotated[int, typer.Option(help="Model messages per episode before truncation.")] = 20,
-    overwrite: Annotated[bool, typer.Option(help="Replace the results of an earlier run in --out.")] = False,
-    temperature: Annotated[float, typer.Option(help="hf: policies: sampling temperature (0 = greedy).")] = 0.0,
-    max_new_tokens: Annotated[int, typer.Option(help="hf: policies: longest model message, in tokens.")] = 1024,
-    concurrency: Annotated[int, typer.Option(help="hf: policies: episodes played at once.")] = 8,
+    samples: Annotated[int, typer.Option(help="Play every task K times (pass@k, variance); use --temperature > 0.")] = 1,
+    overwrite: Annotated[bool, typer.Option(help="Start over in --out instead of resuming.")] = False,
+    temperature: Annotated[float, typer.Option(help="Model policies: sampling temperature (0 = greedy).")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Model policies: nucleus sampling.")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Model policies: longest model message, in tokens.")] = 1024,
+    seed: Annotated[int, typer.Option(help="Model policies: sampling seed.")] = 0,
+    concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
+    timeout: Annotated[float, typer.Option(help="openai: seconds per request before a retry.")] = 120.0,
+    retries: Annotated[int, typer.Option(help="openai: retries before an episode is recorded as a generation error.")] = 4,
+    api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
+    requests_per_minute: Annotated[float, typer.Option(help="openai: rate limit (0 = none).")] = 0.0,
 ) -> None:
     """Evaluate a policy on BFCL multi-turn under the strict protocol."""
     chosen = parse_policy(policy)
@@ -123,26 +130,37 @@ def eval_command(
         raise SealError("--split, --category and --tasks select tasks for the oracle; a replay file names its own tasks.")
     else:
         selected = []
-    episodes = chosen.episodes(selected, task_set, call_format)
+    episodes = with_samples(chosen.episodes(selected, task_set, call_format), samples)
+    settings = ModelSettings(
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
+        timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
+    )  # fmt: skip
 
-    successes = 0
+    counts = {"done": 0, "ok": 0, "errors": 0}
     columns = (
         TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("success {task.fields[rate]}"),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
     )  # fmt: skip
     with Progress(*columns, console=err) as progress:
-        bar = progress.add_task("eval", total=len(episodes), rate="-")
+        bar = progress.add_task("eval", total=len(episodes), rate="-", errors="")
+
+        def resumed(n: int) -> None:
+            err.print(f"resuming {out_dir}: {n} of {len(episodes)} episodes already done")
+            progress.update(bar, advance=n)
 
         def advance(record: dict) -> None:
-            nonlocal successes
-            successes += record["reward"] == 1.0
-            done = progress.tasks[0].completed + 1
-            progress.update(bar, advance=1, rate=f"{successes / done:.1%}")
+            counts["done"] += 1
+            if record.get("error"):
+                counts["errors"] += 1
+            else:
+                counts["ok"] += record["reward"] == 1.0
+            scored = counts["done"] - counts["errors"]
+            rate = f"{counts['ok'] / scored:.1%}" if scored else "-"
+            errors = f"[red]{counts['errors']} errors" if counts["errors"] else ""
+            progress.update(bar, advance=1, rate=rate, errors=errors)
 
-        model = chosen.path if isinstance(chosen, ModelPolicy) else None
-        settings = ModelSettings(temperature=temperature, max_new_tokens=max_new_tokens, concurrency=concurrency)
-        summary = evaluate(episodes, env_config, out_dir, policy=chosen.name, overwrite=overwrite,
-                           on_episode=advance, model=model, settings=settings)  # fmt: skip
+        summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
+                           on_episode=advance, on_resume=resumed)  # fmt: skip
     _print_summary(summary, out_dir)
 
 
@@ -207,11 +225,22 @@ def _print_label_matrix(title: str, labels: list[str], columns: dict[str, dict[s
 
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
-    table = Table("category", "episodes", "success", "rate", title=f"BFCL multi-turn — {summary['policy']}")
+    table = Table("category", "episodes", "success", "rate", "95% CI", title=f"BFCL multi-turn — {summary['policy']}")
     for name, row in summary["categories"].items():
-        table.add_row(name, str(row["episodes"]), str(row["successes"]), f"{row['success_rate']:.1%}")
-    table.add_row("[bold]average[/]", str(summary["episodes"]), str(summary["successes"]), f"[bold]{summary['average']:.1%}[/]")
+        low, high = row["ci95"]
+        errors = f" (+{row['errors']} errors)" if row.get("errors") else ""
+        table.add_row(name, f"{row['episodes']}{errors}", str(row["successes"]), f"{row['success_rate']:.1%}", f"{low:.1%}–{high:.1%}")
+    low, high = summary["average_ci95"]
+    table.add_row("[bold]average[/]", str(summary["episodes"]), str(summary["successes"]),
+                  f"[bold]{summary['average']:.1%}[/]", f"{low:.1%}–{high:.1%}")  # fmt: skip
     out.print(table)
+    if summary.get("pass_at_k"):
+        k_table = Table("category", *(f"pass@{k}" for k in summary["pass_at_k"]), title=f"pass@k over {summary['samples_per_task']} samples per task")
+        for category in summary["categories"]:
+            k_table.add_row(category, *(f"{summary['pass_at_k'][k].get(category, 0.0):.1%}" for k in summary["pass_at_k"]))
+        out.print(k_table)
+    if summary.get("errors"):
+        err.print(f"[red]{summary['errors']} episodes ended in generation errors[/] (left out of the rates; see 'error' in results.jsonl)")
     out.print(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}")
 
 

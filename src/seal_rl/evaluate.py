@@ -9,8 +9,10 @@ A run directory holds:
   ``verdict`` (per-turn checks), ``diagnosis`` (one label per ground-truth turn with its evidence,
   and progress), ``reference_labels`` (the released SEAL code's labels) and policy extras
   (``faults`` for the oracle, ``input`` for replay).
-* ``summary.json`` — success rate per category and their average (the paper's metric).
-* ``config.json`` — the policy, environment settings and versions used.
+* ``summary.json`` — success per category with Wilson 95% intervals, their average (the paper's
+  metric) with an interval, pass@k when tasks were sampled several times, generation errors.
+* ``config.json`` — the policy, environment and model settings, episodes and versions: re-running
+  the same command into the same directory resumes it; a different run there is refused.
 
 Evaluation uses the base interface: what the agent sees is the original protocol.
 """
@@ -29,8 +31,10 @@ from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.diagnose import diagnose, reference_labels
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
-from seal_rl.policies import Episode
-from seal_rl.rollout import Budgets, HFGenerator, ScriptedGenerator, run_episodes
+from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy
+from seal_rl.remote import OpenAIGenerator, ServerSettings
+from seal_rl.rollout import Budgets, Generator, HFGenerator, ScriptedGenerator, VLLMEngineGenerator, run_episodes
+from seal_rl.stats import mean_interval, pass_at_k, wilson
 from seal_rl.tasks import CATEGORIES
 from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
@@ -55,53 +59,153 @@ def with_diagnosis(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Success counts and rates per category, their unweighted average, and the overall rate."""
-    counts = {category: [0, 0] for category in CATEGORIES}
+    """Success per category with Wilson 95% intervals, their unweighted average (the paper's metric,
+    with a normal interval), the overall rate, pass@k over samples and generation errors.
+
+    Episodes that ended in a generation error are counted under ``errors`` and left out of every
+    rate: a server that failed is not a model that failed.
+    """
+    counts = {category: [0, 0, 0] for category in CATEGORIES}
+    by_task: dict[str, list[bool]] = {}
+    categories_of: dict[str, str] = {}
     for record in records:
-        counts[record["category"]][0] += record["reward"] == 1.0
-        counts[record["category"]][1] += 1
-    categories = {
-        category: {"episodes": n, "successes": ok, "success_rate": ok / n}
-        for category, (ok, n) in counts.items()
-        if n
-    }
-    episodes = sum(c["episodes"] for c in categories.values())
-    successes = sum(c["successes"] for c in categories.values())
-    rates = [c["success_rate"] for c in categories.values()]
-    return {
+        row = counts[record["category"]]
+        if record.get("error"):
+            row[2] += 1
+            continue
+        row[0] += record["reward"] == 1.0
+        row[1] += 1
+        by_task.setdefault(record["task_id"], []).append(record["reward"] == 1.0)
+        categories_of[record["task_id"]] = record["category"]
+    categories = {}
+    for category, (ok, n, errors) in counts.items():
+        if n or errors:
+            low, high = wilson(ok, n)
+            categories[category] = {"episodes": n, "successes": ok, "success_rate": ok / n if n else 0.0,
+                                    "ci95": [low, high], "errors": errors}  # fmt: skip
+    scored = {k: v for k, v in categories.items() if v["episodes"]}
+    episodes = sum(c["episodes"] for c in scored.values())
+    successes = sum(c["successes"] for c in scored.values())
+    average, low, high = mean_interval([(c["successes"], c["episodes"]) for c in scored.values()])
+    summary = {
         "episodes": episodes,
         "successes": successes,
+        "errors": sum(c["errors"] for c in categories.values()),
         "categories": categories,
-        "average": sum(rates) / len(rates) if rates else 0.0,
+        "average": average,
+        "average_ci95": [low, high],
         "overall": successes / episodes if episodes else 0.0,
     }
+    samples = min((len(v) for v in by_task.values()), default=1)
+    if samples > 1:
+        summary["samples_per_task"] = samples
+        summary["pass_at_k"] = {
+            str(k): {
+                category: _mean([pass_at_k(len(v), sum(v), k) for t, v in by_task.items() if categories_of[t] == category])
+                for category in scored
+            }
+            for k in range(1, samples + 1)
+        }
+    return summary
 
 
-def prepare_run_dir(out: Path, overwrite: bool) -> None:
-    """Create ``out``; refuse to mix with an earlier run's results unless told to overwrite."""
-    if out.exists() and not out.is_dir():
-        raise SealError(f"--out {out} is a file; give a directory for the run.")
-    existing = [name for name in (RESULTS_FILE, SUMMARY_FILE) if (out / name).exists()]
-    if existing and not overwrite:
-        raise SealError(f"{out} already holds a run ({', '.join(existing)}); choose another --out or pass --overwrite.")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in existing:
-            (out / name).unlink()
-    except OSError as exc:
-        raise SealError(f"Cannot write the run directory {out}: {exc.strerror}.") from None
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """How a model policy generates (greedy by default: the strict protocol)."""
+    """How model policies (``hf:``, ``vllm:``, ``openai:``) generate; greedy by default (strict protocol)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     max_new_tokens: int = 1024
+    """longest model message, in tokens"""
     max_completion_tokens: int = 8192
+    """all tokens after the opening prompt (token-level policies)"""
     concurrency: int = 8
+    """episodes played at once"""
     seed: int = 0
+    timeout: float = 120.0
+    """openai: seconds per request before a retry"""
+    max_retries: int = 4
+    """openai: retries of a failed request before the episode is recorded as a generation error"""
+    api_key_env: str = "OPENAI_API_KEY"
+    requests_per_minute: float = 0.0
+
+
+def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfig, episodes: Sequence[Episode]):
+    """The generator that plays ``policy``, its chat tokenizer (token-level policies) and budgets."""
+    if isinstance(policy, (OraclePolicy, ReplayPolicy)):
+        return ScriptedGenerator({e.index: e.agent for e in episodes}), None, Budgets()
+    budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
+                      max_new_tokens=settings.max_new_tokens)  # fmt: skip
+    if isinstance(policy, ServerPolicy):
+        server = ServerSettings(
+            model=policy.model, base_url=policy.url, api_key_env=settings.api_key_env, timeout=settings.timeout,
+            max_retries=settings.max_retries, concurrency=settings.concurrency,
+            requests_per_minute=settings.requests_per_minute, temperature=settings.temperature, top_p=settings.top_p,
+            max_tokens=settings.max_new_tokens, seed=settings.seed,
+        )  # fmt: skip
+        return OpenAIGenerator(server, env_config.call_format), None, budgets
+    if isinstance(policy, VLLMPolicy):
+        generator = VLLMEngineGenerator(str(policy.path), temperature=settings.temperature, top_p=settings.top_p,
+                                        seed=settings.seed)  # fmt: skip
+        return generator, generator.chat, budgets
+    if isinstance(policy, ModelPolicy):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(policy.path)
+        model = AutoModelForCausalLM.from_pretrained(policy.path)
+        model.eval()
+        generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p)
+        return generator, ChatTokens(tokenizer), budgets
+    raise SealError(f"Policy {policy.name!r} cannot be evaluated.")
+
+
+def _read_complete_lines(path: Path) -> list[dict[str, Any]]:
+    """Episode records of a results file, dropping a last line cut short by a crash or Ctrl-C."""
+    records, keep = [], 0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                if not raw.endswith(b"\n"):
+                    raise ValueError("incomplete line")
+                records.append(json.loads(raw))
+                keep += len(raw)
+            except ValueError:
+                break
+    if keep < path.stat().st_size:
+        with open(path, "r+b") as handle:
+            handle.truncate(keep)
+    return records
+
+
+def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
+    """Records already in ``out`` from the same run (resume), or [] after preparing a fresh run."""
+    if out.exists() and not out.is_dir():
+        raise SealError(f"--out {out} is a file; give a directory for the run.")
+    results = out / RESULTS_FILE
+    if results.exists() and not overwrite:
+        try:
+            previous = json.loads((out / CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            previous = None
+        if previous != config:
+            raise SealError(
+                f"{out} already holds a different run (policy, settings, tasks or versions differ); "
+                "choose another --out or pass --overwrite."
+            )
+        return _read_complete_lines(results)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (RESULTS_FILE, SUMMARY_FILE):
+            if (out / name).exists():
+                (out / name).unlink()
+    except OSError as exc:
+        raise SealError(f"Cannot write the run directory {out}: {exc.strerror}.") from None
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return []
 
 
 def evaluate(
@@ -109,70 +213,64 @@ def evaluate(
     env_config: EnvConfig,
     out: Path,
     *,
-    policy: str,
+    policy: Policy | str,
+    settings: ModelSettings = ModelSettings(),
+    generator: Generator | None = None,
+    chat: ChatTokens | None = None,
     overwrite: bool = False,
     on_episode: Callable[[dict[str, Any]], None] | None = None,
-    model: Path | None = None,
-    settings: ModelSettings = ModelSettings(),
+    on_resume: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
 
-    Scripted episodes (replay, oracle) carry their agents; with ``model`` every episode is played
-    by that local transformers model instead, through the batched episode driver.
+    Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
+    kept and only the others are played (``on_resume`` hears how many were found). ``generator``
+    overrides the policy's own (benchmarks, tests).
     """
-    prepare_run_dir(out, overwrite)
+    name = policy if isinstance(policy, str) else policy.name
     config = {
-        "policy": policy,
+        "policy": name,
         "env": asdict(env_config),
-        "episodes": len(episodes),
-        "model_settings": asdict(settings) if model is not None else None,
+        "episodes": [[e.task.id, e.extra.get("sample", 0)] for e in episodes],
+        "model_settings": None if isinstance(policy, (str, OraclePolicy, ReplayPolicy)) else asdict(settings),
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    chat, budgets, concurrency = None, Budgets(), 1
-    if model is None:
-        generator = ScriptedGenerator({e.index: e.agent for e in episodes})
+    done = _resumable(Path(out), config, overwrite)
+    if done and on_resume is not None:
+        on_resume(len(done))
+    if generator is None:
+        generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
     else:
-        generator, chat = _model_generator(model, settings)
         budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
                           max_new_tokens=settings.max_new_tokens)  # fmt: skip
-        concurrency = settings.concurrency
-    records: list[dict[str, Any]] = []
+    records = [{k: r.get(k) for k in ("task_id", "category", "reward", "error")} for r in done]
+    finished = {r["index"] for r in done}
+    todo = [e for e in episodes if e.index not in finished]
     waiting: dict[int, dict[str, Any]] = {}
-    order = iter(e.index for e in episodes)
+    order = iter(e.index for e in todo)
     next_index = next(order, None)
-    with open(out / RESULTS_FILE, "w", encoding="utf-8") as results:
+    with open(Path(out) / RESULTS_FILE, "a", encoding="utf-8") as results:
 
-        def done(rollout) -> None:  # write finished episodes in input order
+        def done_callback(rollout) -> None:  # write finished episodes in input order
             nonlocal next_index
             waiting[rollout.index] = with_diagnosis(rollout.record)
             while next_index in waiting:
                 record = waiting.pop(next_index)
                 results.write(json.dumps(record, ensure_ascii=False) + "\n")
                 results.flush()
-                records.append({"category": record["category"], "reward": record["reward"]})
+                records.append({k: record.get(k) for k in ("task_id", "category", "reward", "error")})
                 if on_episode is not None:
                     on_episode(record)
                 next_index = next(order, None)
 
         catalog = ToolCatalog()
         run_episodes(
-            [(e.index, e.task, e.extra) for e in episodes], generator, lambda: BfclEnv(env_config, catalog=catalog),
-            chat=chat, budgets=budgets, concurrency=concurrency, seed=settings.seed, on_done=done,
+            [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
+            chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
         )  # fmt: skip
-    summary = {"policy": policy, **summarize(records)}
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    summary = {"policy": name, **summarize(records)}
+    (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _model_generator(path: Path, settings: ModelSettings):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
-    model.eval()
-    generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p)
-    return generator, ChatTokens(tokenizer)
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:

@@ -11,6 +11,9 @@ answers observations with assistant messages. Specs on the command line:
 * ``oracle:faults=P,seed=S`` — the oracle with typed faults (:mod:`seal_rl.faults`) injected into
   each turn with probability P.
 * ``hf:MODEL_DIR`` — a local transformers model with a chat template (e.g. a ``seal train`` result).
+* ``vllm:MODEL_DIR`` — the same through a local vLLM engine (needs vLLM and a GPU).
+* ``openai:MODEL@URL`` — any OpenAI-compatible chat-completions server (``vllm serve``, SGLang,
+  hosted APIs); the key comes from an environment variable (``OPENAI_API_KEY`` by default).
 """
 
 from __future__ import annotations
@@ -164,10 +167,64 @@ class ModelPolicy:
         return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class VLLMPolicy:
+    """A local model directory played by a vLLM engine (GPU machines)."""
+
+    path: Path
+    selects_tasks: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"vllm:{self.path}"
+
+    def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+        return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ServerPolicy:
+    """A model behind an OpenAI-compatible chat-completions server."""
+
+    model: str
+    url: str
+    selects_tasks: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"openai:{self.model}@{self.url}"
+
+    def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+        return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+
+
+def with_samples(episodes: Sequence[Episode], samples: int) -> list[Episode]:
+    """Each episode ``samples`` times (sample 0..K-1 in ``extra``), renumbered 1..N·K in order."""
+    if samples < 1:
+        raise SealError(f"--samples must be at least 1, got {samples}.")
+    if samples == 1:
+        return list(episodes)
+    out = []
+    for episode in episodes:
+        for sample in range(samples):
+            agent = ScriptedAgent(list(episode.agent.messages)) if isinstance(episode.agent, ScriptedAgent) else episode.agent
+            out.append(Episode(len(out) + 1, episode.task, agent, {**episode.extra, "sample": sample}))
+    return out
+
+
 def parse_policy(spec: str) -> Policy:
     """A policy from its command-line spec (``oracle``, ``oracle:faults=0.3,seed=1``,
     ``replay:FILE``, ``hf:MODEL_DIR``)."""
     kind, _, rest = spec.partition(":")
+    if kind == "openai":
+        from seal_rl.remote import parse_server_spec
+
+        return ServerPolicy(*parse_server_spec(rest))
+    if kind == "vllm":
+        path = Path(rest).expanduser()
+        if not rest or not (path / "config.json").exists():
+            raise SealError(f"vllm: needs a local model directory with a config.json, got {rest!r}.")
+        return VLLMPolicy(path)
     if kind == "hf":
         path = Path(rest).expanduser()
         if not rest or not (path / "config.json").exists():
@@ -188,8 +245,8 @@ def parse_policy(spec: str) -> Policy:
             raise SealError(f"oracle faults must be a probability in [0, 1], got {faults}.")
         return OraclePolicy(faults, seed)
     raise SealError(
-        f"Unknown policy {spec!r}. Expected oracle, oracle:faults=P,seed=S, replay:FILE or hf:MODEL_DIR "
-        "(vllm: and openai: policies are not available yet)."
+        f"Unknown policy {spec!r}. Expected oracle, oracle:faults=P,seed=S, replay:FILE, hf:MODEL_DIR, "
+        "vllm:MODEL_DIR or openai:MODEL@URL."
     )
 
 

@@ -59,6 +59,8 @@ class Request:
     info: dict[str, Any]
     prompt_ids: list[int] | None
     max_new_tokens: int
+    tools: list[dict[str, Any]] | None = None
+    """the available tool specs, in ``chat_template`` prompt mode (for servers that take ``tools``)"""
 
 
 @dataclass
@@ -68,6 +70,9 @@ class Generation:
     text: str
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    error: str | None = None
+    """set when no message could be generated (server down, retries exhausted): the episode ends
+    with ``end_reason="generation_error"`` and is excluded from success rates, not failed"""
 
 
 class Generator(Protocol):
@@ -175,6 +180,7 @@ def run_episodes(
                     state.index, state.task, state.env.messages, state.observation, state.info,
                     state.trajectory.ids if state.trajectory else None,
                     min(budgets.max_new_tokens, budgets.max_completion_tokens - used),
+                    state.env.tools if state.env.config.prompt_mode == "chat_template" else None,
                 )
             )  # fmt: skip
         started = time.perf_counter()
@@ -201,6 +207,10 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
     env = state.env
     if generation is None:
         env.truncate("policy_exhausted")
+        return
+    if generation.error is not None:
+        state.extra = {**state.extra, "error": generation.error}
+        env.truncate("generation_error")
         return
     before = list(env.messages)
     if state.trajectory is not None:
@@ -342,3 +352,41 @@ class VLLMGenerator:
             flat = [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in lps[: len(ids)]]
             out.append(Generation(self.chat.decode(ids), list(ids), flat))
         return out
+
+
+class VLLMEngineGenerator:
+    """A local vLLM engine (``vllm:PATH`` in ``seal eval``): token prompts in, token ids out.
+
+    Needs the ``vllm`` package and a GPU; without them it says so and suggests ``hf:`` or serving
+    the model and using ``openai:``.
+    """
+
+    def __init__(self, path: str, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, **engine: Any) -> None:
+        import importlib.util
+
+        import torch
+
+        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
+            raise SealError(
+                "vllm: needs the vllm package and a GPU. On this machine use --policy hf:PATH, or serve the model "
+                "elsewhere (`vllm serve PATH`) and use --policy openai:MODEL@http://HOST:8000/v1."
+            )
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.chat = ChatTokens(self.tokenizer)
+        self.engine = LLM(model=path, **engine)
+        self.temperature, self.top_p, self.seed = temperature, top_p, seed
+
+    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+        from vllm import SamplingParams, TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
+        params = [
+            SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=r.max_new_tokens,
+                           seed=self.seed + seed + r.episode)  # fmt: skip
+            for r in requests
+        ]
+        outputs = self.engine.generate(prompts, params, use_tqdm=False)
+        return [Generation(self.chat.decode(o.outputs[0].token_ids), list(o.outputs[0].token_ids)) for o in outputs]
