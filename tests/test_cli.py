@@ -74,6 +74,9 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["eval", "-p", "replay:{tmp}/bad.jsonl", "--split", "test", "--out", "{tmp}/o"], "a replay file names its own tasks"),
         (["eval", "-p", "random", "--out", "{tmp}"], "Unknown policy 'random'"),
         (["tasks", "show", "multi_turn_base_x"], "Unknown task id"),
+        (["eval", "-p", "openai:no-url", "--out", "{tmp}"], "openai: needs MODEL@URL"),
+        (["eval", "-p", "hf:{tmp}/no-model", "--out", "{tmp}"], "hf: needs a local model directory"),
+        (["eval", "-p", "oracle", "--samples", "0", "--out", "{tmp}"], "--samples must be at least 1"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, tmp_path, args, message):
@@ -146,3 +149,27 @@ def test_diagnose_errors_are_one_line(monkeypatch, capsys, tmp_path):
     (tmp_path / "results.jsonl").write_text('{"task_id": "x"}\n')
     code, _, err = run_cli(monkeypatch, capsys, "diagnose", str(tmp_path))
     assert code == 2 and "results.jsonl:1: not an episode record" in err
+
+
+def test_a_killed_eval_resumes_to_the_same_results_as_an_uninterrupted_run(tmp_path):
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "seal_rl", "eval", "-p", "oracle:faults=0.3,seed=2", "--split", "all", "--concurrency", "4"]
+    full = subprocess.run([*command, "--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=600)
+    assert full.returncode == 0, full.stderr
+    killed_dir = tmp_path / "killed"
+    process = subprocess.Popen([*command, "--out", str(killed_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = killed_dir / "results.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not results.exists() or results.read_bytes().count(b"\n") < 150):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    written = results.read_bytes().count(b"\n")
+    assert 150 <= written < 800, written  # really stopped midway
+    resumed = subprocess.run([*command, "--out", str(killed_dir)], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "episodes already done" in resumed.stderr
+    assert read_results(killed_dir) == read_results(tmp_path / "full")
+    assert json.loads((killed_dir / "summary.json").read_text()) == json.loads((tmp_path / "full" / "summary.json").read_text())

@@ -144,9 +144,10 @@ def eval_command(
     with Progress(*columns, console=err) as progress:
         bar = progress.add_task("eval", total=len(episodes), rate="-", errors="")
 
-        def resumed(n: int) -> None:
-            err.print(f"resuming {out_dir}: {n} of {len(episodes)} episodes already done")
-            progress.update(bar, advance=n)
+        def resumed(done: list[dict]) -> None:
+            err.print(f"resuming {out_dir}: {len(done)} of {len(episodes)} episodes already done", soft_wrap=True)
+            for record in done:
+                advance(record)
 
         def advance(record: dict) -> None:
             counts["done"] += 1

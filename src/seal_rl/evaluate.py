@@ -132,6 +132,8 @@ class ModelSettings:
     """openai: retries of a failed request before the episode is recorded as a generation error"""
     api_key_env: str = "OPENAI_API_KEY"
     requests_per_minute: float = 0.0
+    retry_backoff: float = 1.0
+    """openai: seconds before the first retry (doubling, with jitter)"""
 
 
 def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfig, episodes: Sequence[Episode]):
@@ -143,7 +145,7 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
     if isinstance(policy, ServerPolicy):
         server = ServerSettings(
             model=policy.model, base_url=policy.url, api_key_env=settings.api_key_env, timeout=settings.timeout,
-            max_retries=settings.max_retries, concurrency=settings.concurrency,
+            max_retries=settings.max_retries, backoff=settings.retry_backoff, concurrency=settings.concurrency,
             requests_per_minute=settings.requests_per_minute, temperature=settings.temperature, top_p=settings.top_p,
             max_tokens=settings.max_new_tokens, seed=settings.seed,
         )  # fmt: skip
@@ -219,12 +221,12 @@ def evaluate(
     chat: ChatTokens | None = None,
     overwrite: bool = False,
     on_episode: Callable[[dict[str, Any]], None] | None = None,
-    on_resume: Callable[[int], None] | None = None,
+    on_resume: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
 
     Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
-    kept and only the others are played (``on_resume`` hears how many were found). ``generator``
+    kept and only the others are played (``on_resume`` receives the records found). ``generator``
     overrides the policy's own (benchmarks, tests).
     """
     name = policy if isinstance(policy, str) else policy.name
@@ -237,7 +239,7 @@ def evaluate(
     }
     done = _resumable(Path(out), config, overwrite)
     if done and on_resume is not None:
-        on_resume(len(done))
+        on_resume(done)
     if generator is None:
         generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
     else:
