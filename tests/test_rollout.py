@@ -3,16 +3,14 @@ import pytest
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.rollout import Budgets, DriverStats, Generation, HFGenerator, SimulatedGenerator, run_episodes
-from seal_rl.tiny import build_tiny_model
 from seal_rl.trajectory import ChatTokens
 
 
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory, task_set):
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny"), vocab_size=4096, task_set=task_set)
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 class Recording(HFGenerator):

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from seal_rl.errors import SealError
-from seal_rl.tiny import build_tiny_model
 from seal_rl.train import batch_layout, load_recipe, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,8 +21,8 @@ TASKS = "[multi_turn_base_105,multi_turn_miss_param_105]"
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory, task_set):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"), vocab_size=4096, task_set=task_set)
+def tiny_path(tiny_model_dir):
+    return tiny_model_dir
 
 
 def _overrides(tiny_path, **extra):
@@ -213,3 +212,15 @@ def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
         assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
     state = json.loads((out / "checkpoints" / "checkpoint-1" / "seal_state.json").read_text())
     assert sum(r["episodes"] for r in state["profile"]["rounds"]) == 4  # the profile saw every rank
+
+
+def test_report_of_a_training_run(uninterrupted):
+    from seal_rl.report import write_report
+
+    out, _, _ = uninterrupted
+    page = write_report(out).read_text()
+    for section in ("Success over training", "Failure labels over training", "Interface evolution", "A-Patch weights",
+                    "Rewards and scales", "Where the time went", "No validation points"):  # fmt: skip
+        assert section in page
+    assert page.count('src="data:image/png;base64,') >= 5
+

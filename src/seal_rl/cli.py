@@ -20,6 +20,7 @@ from seal_rl.evaluate import ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
 from seal_rl.policies import parse_policy, with_samples
 from seal_rl.profile import describe_run
+from seal_rl.stats import compare_runs
 from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.tools import FORMATS
 
@@ -163,6 +164,40 @@ def eval_command(
         summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
                            on_episode=advance, on_resume=resumed)  # fmt: skip
     _print_summary(summary, out_dir)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Annotated[Path, typer.Argument(help="An evaluation or training run directory.")],
+) -> None:
+    """Write RUN/report.html: a self-contained page with tables, charts and a trajectory browser."""
+    from seal_rl.report import write_report
+
+    target = write_report(run_dir)
+    out.print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
+
+
+@app.command("compare")
+def compare_command(
+    run_a: Annotated[Path, typer.Argument(help="The baseline run directory (A).")],
+    run_b: Annotated[Path, typer.Argument(help="The run compared with it (B).")],
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples for the interval of the average difference.")] = 10_000,
+) -> None:
+    """Compare two evaluation runs task by task: exact McNemar tests and a bootstrap interval."""
+    result = compare_runs(read_results(run_a), read_results(run_b), resamples=resamples)
+    if not result.overall.pairs:
+        raise SealError(f"{run_a} and {run_b} share no episode (task and sample); nothing to compare.")
+    table = Table("category", "pairs", "A", "B", "B − A", "only A", "only B", "McNemar p",
+                  title=f"B = {run_b}  vs  A = {run_a}")  # fmt: skip
+    rows = [*result.categories.items(), ("all (pooled)", result.overall)]
+    for name, row in rows:
+        table.add_row(name, str(row.pairs), f"{row.rate_a:.1%}", f"{row.rate_b:.1%}", f"{row.difference:+.1%}",
+                      str(row.only_a), str(row.only_b), f"{row.p_value:.3g}")  # fmt: skip
+    out.print(table)
+    estimate, low, high = result.average_difference
+    out.print(f"average of category rates, B − A: {estimate:+.1%} (95% paired bootstrap: {low:+.1%} to {high:+.1%})")
+    if result.only_in_a or result.only_in_b:
+        out.print(f"not paired: {result.only_in_a} episodes only in A, {result.only_in_b} only in B (left out)")
 
 
 @app.command("train")

@@ -126,3 +126,40 @@ def bootstrap_average_difference(
     low = estimates[int(tail * (resamples - 1))]
     high = estimates[int((1 - tail) * (resamples - 1))]
     return average(cats), low, high
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """Run B against run A, paired by (task, sample), per category and overall."""
+
+    categories: dict[str, PairedComparison]
+    overall: PairedComparison
+    average_difference: tuple[float, float, float]
+    """(estimate, low, high) of the difference in the average of category rates, paired bootstrap"""
+    only_in_a: int
+    only_in_b: int
+
+
+def compare_runs(a: Sequence[Mapping], b: Sequence[Mapping], *, resamples: int = 10_000, seed: int = 0) -> RunComparison:
+    """Compare two runs' episode records (``results.jsonl`` lines); generation errors are left out."""
+
+    def outcomes(records: Sequence[Mapping]) -> dict[tuple[str, int], tuple[str, bool]]:
+        return {(r["task_id"], r.get("sample", 0)): (r["category"], r["reward"] == 1.0) for r in records if not r.get("error")}
+
+    left, right = outcomes(a), outcomes(b)
+    shared = sorted(set(left) & set(right))
+    by_category: dict[str, list[tuple[bool, bool]]] = {}
+    for key in shared:
+        by_category.setdefault(left[key][0], []).append((left[key][1], right[key][1]))
+    categories = {
+        category: paired({str(i): p[0] for i, p in enumerate(pairs)}, {str(i): p[1] for i, p in enumerate(pairs)})
+        for category, pairs in sorted(by_category.items())
+    }
+    overall = paired({str(k): left[k][1] for k in shared}, {str(k): right[k][1] for k in shared})
+    return RunComparison(
+        categories=categories,
+        overall=overall,
+        average_difference=bootstrap_average_difference(by_category, resamples=resamples, seed=seed),
+        only_in_a=len(set(left) - set(right)),
+        only_in_b=len(set(right) - set(left)),
+    )
