@@ -1,8 +1,11 @@
-"""`seal eval` throughput with a simulated model: episodes/s at concurrency 1, 8 and 32.
+"""`seal eval` throughput with a simulated model server: episodes/s at concurrency 1, 8 and 32.
 
-The simulated generator answers every request after a fixed latency (a stand-in for a model
-server) with a plain-text reply, so every turn costs one call. Each level evaluates 2 x N
-episodes of 4-turn tasks end to end: environment, verifier, diagnosis and the results file.
+The simulated server answers each request after a random latency (exponential, mean
+``--latency`` seconds: replies differ in length) with a plain-text reply, so every turn costs one
+call. Each level evaluates 2 x N episodes of 4-turn tasks end to end: environment, verifier,
+diagnosis and the results file. Two drivers are measured in the same run: streaming (what
+``seal eval`` does with a server: each episode moves on as soon as its own answer is in) and
+lockstep ticks (the baseline: every tick waits for the slowest answer of the batch).
 
 Usage: python benchmarks/bench_eval.py [--latency 0.2]
 """
@@ -13,6 +16,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -21,32 +25,47 @@ from rich.table import Table
 from seal_rl.env import EnvConfig
 from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.policies import Episode
-from seal_rl.rollout import SimulatedGenerator
+from seal_rl.rollout import Generation, Request, SimulatedServer
 from seal_rl.tasks import TaskSet
+
+
+class Lockstep:
+    """The same server driven in batched ticks (no ``submit``): the baseline."""
+
+    def __init__(self, server: SimulatedServer) -> None:
+        self.server = server
+
+    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+        return self.server.generate(requests, seed)
+
+
+def episodes_per_second(generator, episodes: list[Episode], concurrency: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        evaluate(episodes, EnvConfig(), Path(tmp) / "run", policy="simulated",
+                 settings=ModelSettings(concurrency=concurrency), generator=generator)  # fmt: skip
+        return len(episodes) / (time.perf_counter() - started)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--latency", type=float, default=0.2, help="seconds per batched generator call")
+    parser.add_argument("--latency", type=float, default=0.2, help="mean seconds per model reply")
     args = parser.parse_args()
     tasks = [t for t in TaskSet.load() if t.num_turns == 4]
-    table = Table("concurrency", "episodes", "seconds", "episodes/s", "speed-up", "efficiency",
-                  title=f"seal eval with a simulated model ({args.latency:.2f}s per call)")  # fmt: skip
+    table = Table("concurrency", "episodes", "lockstep eps/s", "streaming eps/s", "streaming / lockstep",
+                  "streaming speed-up vs c=1", title=f"seal eval with a simulated server (mean {args.latency:.2f}s per reply)")  # fmt: skip
+    server = SimulatedServer(args.latency)
     base = None
-    efficiency = 0.0
     for concurrency in (1, 8, 32):
-        n = 2 * concurrency
+        n = max(16, 4 * concurrency)
         episodes = [Episode(i + 1, tasks[(i * 5) % len(tasks)], None) for i in range(n)]
-        with tempfile.TemporaryDirectory() as tmp:
-            started = time.perf_counter()
-            evaluate(episodes, EnvConfig(), Path(tmp) / "run", policy="simulated",
-                     settings=ModelSettings(concurrency=concurrency), generator=SimulatedGenerator(args.latency))  # fmt: skip
-            seconds = time.perf_counter() - started
-        rate = n / seconds
-        base = base or rate
-        efficiency = rate / (concurrency * base)
-        table.add_row(str(concurrency), str(n), f"{seconds:.2f}", f"{rate:.2f}", f"{rate / base:.1f}x", f"{efficiency:.0%}")
-    Console(width=120).print(table)
+        lockstep = episodes_per_second(Lockstep(server), episodes, concurrency)
+        streaming = episodes_per_second(server, episodes, concurrency)
+        base = base or streaming
+        table.add_row(str(concurrency), str(n), f"{lockstep:.2f}", f"{streaming:.2f}", f"{streaming / lockstep:.2f}x",
+                      f"{streaming / base:.1f}x (ideal {concurrency}x)")  # fmt: skip
+    server.close()
+    Console(width=140).print(table)
     return 0
 
 

@@ -99,3 +99,61 @@ def test_a_generator_may_give_up():
     (rollout,) = run_episodes([(0, task, {})], Silent(), BfclEnv)
     assert rollout.record["end_reason"] == "policy_exhausted"
     assert Generation("x").token_ids is None
+
+
+class OutOfOrder:
+    """A streaming generator: the oracle's answers, each after a random delay, so episodes finish
+    in an order that has nothing to do with their input order."""
+
+    def __init__(self, agents, fail_episode=None):
+        import random
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.agents, self.fail_episode = agents, fail_episode
+        self.pool = ThreadPoolExecutor(8)
+        self.rng = random.Random(3)
+
+    def _answer(self, request, delay):
+        import time
+
+        time.sleep(delay)
+        if request.episode == self.fail_episode:
+            raise ConnectionError("the server vanished")
+        text = self.agents[request.episode].act(request.observation, request.info)
+        return None if text is None else Generation(text)
+
+    def submit(self, request, seed):
+        return self.pool.submit(self._answer, request, self.rng.random() * 0.01)
+
+    def generate(self, requests, seed):  # pragma: no cover - the driver must stream
+        raise AssertionError("a streaming generator is not ticked")
+
+
+def _oracle_agents(tasks, faults):
+    from seal_rl.policies import OraclePolicy
+
+    episodes = OraclePolicy(faults=faults, seed=5).episodes(tasks, None, "hermes")
+    return {i: episode.agent for i, episode in enumerate(episodes)}
+
+
+def test_streaming_driver_gives_the_records_of_lockstep_ticks(task_set):
+    from seal_rl.rollout import ScriptedGenerator
+
+    tasks = [t for t in task_set if t.id.endswith(("_3", "_77", "_150"))]
+    episodes = [(i, t, {}) for i, t in enumerate(tasks)]
+    ticked = run_episodes(episodes, ScriptedGenerator(_oracle_agents(tasks, 0.4)), BfclEnv, concurrency=4)
+    done = []
+    streamed = run_episodes(episodes, OutOfOrder(_oracle_agents(tasks, 0.4)), BfclEnv, concurrency=4,
+                            on_done=lambda r: done.append(r.index))  # fmt: skip
+    assert [r.record for r in streamed] == [r.record for r in ticked]
+    assert sorted(done) == list(range(len(tasks)))
+    assert {r.record["reward"] for r in streamed} == {0.0, 1.0}  # the faults bite somewhere
+
+
+def test_a_failing_streaming_request_ends_only_its_own_episode(task_set):
+    tasks = [task_set.get(f"multi_turn_base_{i}") for i in range(4)]
+    rollouts = run_episodes([(i, t, {}) for i, t in enumerate(tasks)], OutOfOrder(_oracle_agents(tasks, 0.0), fail_episode=2),
+                            BfclEnv, concurrency=2)  # fmt: skip
+    assert [r.record["end_reason"] for r in rollouts] == ["completed", "completed", "generation_error", "completed"]
+    assert "ConnectionError: the server vanished" in rollouts[2].record["error"]
+    assert [r.record["reward"] for r in rollouts] == [1.0, 1.0, 0.0, 1.0]

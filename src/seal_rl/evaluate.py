@@ -240,6 +240,7 @@ def evaluate(
     done = _resumable(Path(out), config, overwrite)
     if done and on_resume is not None:
         on_resume(done)
+    owned = generator is None  # a generator made here is closed here (connections, threads)
     if generator is None:
         generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
     else:
@@ -266,10 +267,14 @@ def evaluate(
                 next_index = next(order, None)
 
         catalog = ToolCatalog()
-        run_episodes(
-            [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
-            chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
-        )  # fmt: skip
+        try:
+            run_episodes(
+                [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
+                chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
+            )  # fmt: skip
+        finally:
+            if owned and hasattr(generator, "close"):
+                generator.close()
     summary = {"policy": name, **summarize(records)}
     (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

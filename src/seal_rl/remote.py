@@ -1,7 +1,8 @@
 """A generator for any OpenAI-compatible chat-completions server (vLLM serve, SGLang, hosted APIs).
 
-Each driver tick sends one ``POST {base_url}/chat/completions`` per active episode, concurrently
-(``asyncio`` + ``httpx``), at most ``concurrency`` in flight and, if set, ``requests_per_minute``.
+Every model message is one ``POST {base_url}/chat/completions``; requests of different episodes run
+concurrently (``asyncio`` + ``httpx``), at most ``concurrency`` in flight and, if set,
+``requests_per_minute``.
 Timeouts, connection errors, HTTP 429 and 5xx are retried with exponential backoff and jitter
 (``Retry-After`` is honoured); after ``max_retries`` the episode ends with a recorded
 ``generation_error`` — it is never counted as a failure of the model. Other 4xx answers (a bad
@@ -22,7 +23,9 @@ import asyncio
 import json
 import os
 import random
+import threading
 import time
+from concurrent.futures import Future
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +76,11 @@ def parse_server_spec(spec: str) -> tuple[str, str]:
 
 
 class OpenAIGenerator:
-    """Chat completions over HTTP, one request per episode per tick."""
+    """Chat completions over HTTP: a :class:`~seal_rl.rollout.StreamingGenerator`.
+
+    Requests run on an event loop in a background thread with one connection pool; the driver
+    submits the next message of an episode as soon as its previous one is answered.
+    """
 
     def __init__(self, settings: ServerSettings, call_format: str = "hermes") -> None:
         self.settings = settings
@@ -82,30 +89,63 @@ class OpenAIGenerator:
         self._api_messages: dict[int, list[dict[str, Any]]] = {}  # episode -> assistant messages as sent back
         self._last_start = 0.0
         self.attempts = 0  # requests sent, for logs and tests
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- protocol -----------------------------------------------------------------------------
 
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        return asyncio.run(self._generate_all(requests, seed))
+    def submit(self, request: Request, seed: int) -> Future[Generation | None]:
+        """Send one request from the generator's own event loop; the future holds its answer."""
+        return asyncio.run_coroutine_threadsafe(self._one(request, seed), self._running_loop())
 
-    async def _generate_all(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+        futures = [self.submit(request, seed) for request in requests]
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        """Close the connections and stop the event loop (a later request starts them again)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._client.aclose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join()
+        loop.close()
+
+    def __enter__(self) -> OpenAIGenerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=loop.run_forever, name="openai-generator", daemon=True)
+                self._thread.start()
+                asyncio.run_coroutine_threadsafe(self._open(), loop).result()
+                self._loop = loop
+            return self._loop
+
+    async def _open(self) -> None:
         import httpx
 
         headers = {}
         key = os.environ.get(self.settings.api_key_env)
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        limits = httpx.Limits(max_connections=self.settings.concurrency)
-        semaphore = asyncio.Semaphore(self.settings.concurrency)
+        self._client = httpx.AsyncClient(
+            base_url=self.settings.base_url, headers=headers, timeout=httpx.Timeout(self.settings.timeout),
+            limits=httpx.Limits(max_connections=self.settings.concurrency),
+        )  # fmt: skip
+        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._pace = asyncio.Lock()
-        async with httpx.AsyncClient(base_url=self.settings.base_url, headers=headers, limits=limits,
-                                     timeout=httpx.Timeout(self.settings.timeout)) as client:  # fmt: skip
 
-            async def one(request: Request) -> Generation:
-                async with semaphore:
-                    return await self._complete(client, request, random.Random(f"{seed}:{request.episode}"))
-
-            return list(await asyncio.gather(*(one(r) for r in requests)))
+    async def _one(self, request: Request, seed: int) -> Generation:
+        async with self._semaphore:
+            return await self._complete(self._client, request, random.Random(f"{seed}:{request.episode}"))
 
     # -- one request, with retries ------------------------------------------------------------
 

@@ -3,13 +3,17 @@
 Each tick the driver asks the generator for the next assistant message of every active episode
 (one batched call), steps each episode's environment with it, and extends its token-exact
 :class:`~seal_rl.trajectory.Trajectory`. Episodes start as others finish, up to ``concurrency``.
+Generators that answer requests one at a time in the background (:class:`StreamingGenerator`:
+HTTP servers) are not ticked: each episode is stepped as soon as its own answer arrives.
 
 Generators (the :class:`Generator` protocol):
 
 * :class:`HFGenerator` — transformers ``generate`` on token ids (CPU or GPU).
 * :class:`VLLMGenerator` — TRL's colocated vLLM engine (``trainer.vllm_generation``), on GPUs.
 * :class:`ScriptedGenerator` — agents that answer from a script (replay files, the oracle).
-* :class:`SimulatedGenerator` — fixed latency, canned text: for driver benchmarks.
+* :class:`SimulatedGenerator`, :class:`SimulatedServer` — canned text after a fixed (batched)
+  or random (streaming) latency: for driver benchmarks.
+* :class:`~seal_rl.remote.OpenAIGenerator` — any OpenAI-compatible server (streaming).
 
 Budgets (SEAL recipe): the opening prompt may use ``max_prompt_tokens`` (8192), everything after
 it ``max_completion_tokens`` (4096), each model call at most ``max_new_tokens``. An episode that
@@ -18,8 +22,10 @@ runs out is truncated (``end_reason`` says which budget) and its sample cut at t
 
 from __future__ import annotations
 
+import random
 import time
 import zlib
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +85,13 @@ class Generator(Protocol):
     """Answers a batch of requests, in order; ``None`` for an episode means "nothing more to say"."""
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]: ...
+
+
+class StreamingGenerator(Generator, Protocol):
+    """A generator that also takes one request at a time and answers it in the background (HTTP
+    servers). The driver then steps each episode as soon as its own answer arrives."""
+
+    def submit(self, request: Request, seed: int) -> Future[Generation | None]: ...
 
 
 @dataclass
@@ -170,37 +183,79 @@ def run_episodes(
             else:
                 active.append(state)
 
+    def request(state: _Active) -> Request:
+        used = len(state.trajectory.completion_ids) if state.trajectory else 0
+        return Request(
+            state.index, state.task, state.env.messages, state.observation, state.info,
+            state.trajectory.ids if state.trajectory else None,
+            min(budgets.max_new_tokens, budgets.max_completion_tokens - used),
+            state.env.tools if state.env.config.prompt_mode == "chat_template" else None,
+        )  # fmt: skip
+
+    def advance(state: _Active, generation: Generation | None) -> bool:
+        """Step ``state`` with its generation; True while the episode goes on."""
+        began = time.perf_counter()
+        _advance(state, generation, chat, budgets)
+        state.seconds_env += time.perf_counter() - began
+        if state.env.done:
+            finish(state)
+            return False
+        return True
+
+    if hasattr(generator, "submit"):
+        _stream(generator, admit, active, request, advance, seed, stats)
+        return [finished[index] for index in order]
     admit()
     while active:
-        requests = []
-        for state in active:
-            used = len(state.trajectory.completion_ids) if state.trajectory else 0
-            requests.append(
-                Request(
-                    state.index, state.task, state.env.messages, state.observation, state.info,
-                    state.trajectory.ids if state.trajectory else None,
-                    min(budgets.max_new_tokens, budgets.max_completion_tokens - used),
-                    state.env.tools if state.env.config.prompt_mode == "chat_template" else None,
-                )
-            )  # fmt: skip
+        requests = [request(state) for state in active]
         started = time.perf_counter()
         generations = generator.generate(requests, seed=_tick_seed(seed, stats.ticks))
         stats.generation += time.perf_counter() - started
         stats.ticks += 1
         started = time.perf_counter()
-        still = []
-        for state, generation in zip(active, generations, strict=True):
-            began = time.perf_counter()
-            _advance(state, generation, chat, budgets)
-            state.seconds_env += time.perf_counter() - began
-            if state.env.done:
-                finish(state)
-            else:
-                still.append(state)
-        active = still
+        active[:] = [state for state, generation in zip(active, generations, strict=True) if advance(state, generation)]
         admit()
         stats.environment += time.perf_counter() - started
     return [finished[index] for index in order]
+
+
+def _stream(generator: StreamingGenerator, admit, active, request, advance, seed: int, stats: DriverStats) -> None:
+    """Keep one request per active episode in flight; step each episode as soon as its answer is in.
+
+    Unlike the lockstep ticks, nobody waits for the slowest message of a batch. Environments are
+    still stepped on this thread only (BFCL backends are not thread-safe); generations are seeded by
+    episode and call number, so the completion order does not change what is generated.
+    """
+    in_flight: dict[Future, Any] = {}
+    asked: set[int] = set()  # episodes with a request in flight
+    calls: dict[int, int] = {}
+
+    def submit_new() -> None:
+        admit()
+        for state in active:
+            if state.index not in asked:
+                asked.add(state.index)
+                calls[state.index] = calls.get(state.index, 0) + 1
+                in_flight[generator.submit(request(state), _call_seed(seed, state.index, calls[state.index]))] = state
+
+    submit_new()
+    while in_flight:
+        started = time.perf_counter()
+        ready, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+        stats.generation += time.perf_counter() - started
+        stats.ticks += 1
+        started = time.perf_counter()
+        for future in ready:
+            state = in_flight.pop(future)
+            asked.discard(state.index)
+            try:
+                generation = future.result()
+            except Exception as exc:  # a generator bug must not take the other episodes down
+                generation = Generation("", error=f"generator failed: {type(exc).__name__}: {exc}")
+            if not advance(state, generation):
+                active[:] = [a for a in active if a is not state]
+        submit_new()
+        stats.environment += time.perf_counter() - started
 
 
 def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | None, budgets: Budgets) -> None:
@@ -237,6 +292,10 @@ def _tick_seed(seed: int, tick: int) -> int:
     return zlib.crc32(f"{seed}:{tick}".encode()) & 0x7FFFFFFF
 
 
+def _call_seed(seed: int, episode: int, call: int) -> int:
+    return zlib.crc32(f"{seed}:{episode}:{call}".encode()) & 0x7FFFFFFF
+
+
 # -- generators -------------------------------------------------------------------------------
 
 
@@ -264,6 +323,36 @@ class SimulatedGenerator:
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         time.sleep(self.latency)
         return [Generation(self.text) for _ in requests]
+
+
+class SimulatedServer:
+    """A stand-in for a model server whose answers take a random time (exponential, mean
+    ``latency`` seconds), as replies of different lengths do; the same text for everyone.
+
+    It streams (``submit``); its batched ``generate`` returns when the slowest answer is in.
+    """
+
+    def __init__(self, latency: float, text: str = "I cannot help with that.", workers: int = 256) -> None:
+        self.latency = latency
+        self.text = text
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="simulated-server")
+
+    def _delay(self, request: Request, seed: int) -> float:
+        return random.Random(f"{seed}:{request.episode}").expovariate(1.0 / self.latency) if self.latency > 0 else 0.0
+
+    def _answer(self, delay: float) -> Generation:
+        time.sleep(delay)
+        return Generation(self.text)
+
+    def submit(self, request: Request, seed: int) -> Future[Generation | None]:
+        return self._pool.submit(self._answer, self._delay(request, seed))
+
+    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+        time.sleep(max((self._delay(r, seed) for r in requests), default=0.0))
+        return [Generation(self.text) for _ in requests]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class HFGenerator:
