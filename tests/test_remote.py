@@ -190,3 +190,29 @@ def test_policy_specs():
         from seal_rl.remote import ServerSettings
 
         ServerSettings("m", "ftp://x")
+
+
+def _generator_threads():
+    return [t for t in threading.enumerate() if t.name == "openai-generator"]
+
+
+def test_an_interrupted_run_closes_its_connections_and_resumes(task_set, tmp_path):
+    """Ctrl-C while requests are in flight: nothing is left running; re-running finishes the run."""
+    fast, slow = task_set.get("multi_turn_base_0"), task_set.get("multi_turn_base_1")
+    before = len(_generator_threads())
+
+    def interrupt(record):
+        raise KeyboardInterrupt
+
+    episodes = [Episode(1, fast, None), Episode(2, slow, None)]
+    with ScriptedServer() as server:
+        policy = ServerPolicy("scripted-model", server.url)
+        for task in (fast, slow):
+            server.scripts[_key(task)] = oracle_transcript(task, ground_truth_calls(task), get_format("hermes"))[0]
+        server.directives[(_key(slow), 0)] = {"sleep": 0.3, "times": 1}  # still in flight at the interrupt
+        with pytest.raises(KeyboardInterrupt):
+            evaluate(episodes, EnvConfig(), tmp_path / "run", policy=policy, settings=FAST, on_episode=interrupt)
+        assert len(_generator_threads()) == before
+        assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 1
+        summary = evaluate(episodes, EnvConfig(), tmp_path / "run", policy=policy, settings=FAST)
+    assert summary["episodes"] == 2 and summary["successes"] == 2

@@ -108,7 +108,7 @@ class OpenAIGenerator:
             loop, self._loop = self._loop, None
         if loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self._client.aclose(), loop).result()
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join()
         loop.close()
@@ -142,6 +142,14 @@ class OpenAIGenerator:
         )  # fmt: skip
         self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._pace = asyncio.Lock()
+
+    async def _shutdown(self) -> None:
+        """Cancel requests still in flight (an interrupted run), then close the connections."""
+        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self._client.aclose()
 
     async def _one(self, request: Request, seed: int) -> Generation:
         async with self._semaphore:
