@@ -26,6 +26,8 @@ demo: install
 	$(BIN)/seal train --config configs/smoke-cpu.yaml --out runs/demo/train
 	$(BIN)/seal eval --policy hf:runs/demo/train/model --tasks $(DEMO_TASKS) --max-new-tokens 24 --out runs/demo/eval
 	$(BIN)/seal diagnose runs/demo/eval
+	$(BIN)/seal report runs/demo/train
+	$(BIN)/seal report runs/demo/eval
 
 test: install
 	$(BIN)/python -m pytest -n 2 -q

@@ -85,5 +85,23 @@ def test_bootstrap_interval_brackets_the_estimate_and_is_reproducible():
 def test_mean_interval_of_category_rates():
     mean, low, high = mean_interval([(50, 100), (20, 100)])
     assert mean == pytest.approx(0.35)
-    se = math.sqrt(0.25 / 100 + 0.16 / 100) / 2
-    assert (low, high) == pytest.approx((0.35 - 1.959964 * se, 0.35 + 1.959964 * se), abs=1e-6)
+    # Price & Bonett: each of m = 2 rates gets z²/4 successes in z²/2 trials.
+    z = 1.959964
+    p1, p2, n = (50 + z * z / 4) / (100 + z * z / 2), (20 + z * z / 4) / (100 + z * z / 2), 100 + z * z / 2
+    centre, se = (p1 + p2) / 2, math.sqrt(p1 * (1 - p1) / n + p2 * (1 - p2) / n) / 2
+    assert (low, high) == pytest.approx((centre - z * se, centre + z * se), abs=1e-6)
+    assert mean_interval([(0, 10)] * 4)[2] > 0.02  # all zero: still an honest interval, not a point
+
+
+@pytest.mark.parametrize("rates", [(0.02, 0.05, 0.1, 0.03), (0.5, 0.3, 0.2, 0.6), (0.9, 0.95, 0.99, 0.85), (0.0, 0.0, 0.01, 0.0)])
+@pytest.mark.parametrize("n", [10, 50])
+def test_mean_interval_covers_the_true_average_95_percent_of_the_time(rates, n):
+    rng = random.Random(f"{rates}{n}")
+    truth = sum(rates) / len(rates)
+    trials = 1000
+    covered = 0
+    for _ in range(trials):
+        counts = [(sum(rng.random() < p for _ in range(n)), n) for p in rates]
+        _, low, high = mean_interval(counts)
+        covered += low <= truth <= high
+    assert covered / trials >= 0.93

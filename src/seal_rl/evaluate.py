@@ -60,7 +60,7 @@ def with_diagnosis(record: dict[str, Any]) -> dict[str, Any]:
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Success per category with Wilson 95% intervals, their unweighted average (the paper's metric,
-    with a normal interval), the overall rate, pass@k over samples and generation errors.
+    with an adjusted Wald interval), the overall rate, pass@k over samples and generation errors.
 
     Episodes that ended in a generation error are counted under ``errors`` and left out of every
     rate: a server that failed is not a model that failed.

@@ -32,16 +32,22 @@ def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def mean_interval(rates: Sequence[tuple[int, int]], z: float = Z95) -> tuple[float, float, float]:
-    """The unweighted mean of several success rates (the paper's "Average") with a normal interval.
+    """The unweighted mean of several success rates (the paper's "Average") with an interval.
 
-    rates: (successes, n) per category. Var(mean) = Σ p(1−p)/n / k².
+    rates: (successes, n) per category. The interval is the adjusted Wald interval for a linear
+    function of binomial proportions (Price & Bonett 2004): each of the m rates gets z²/(2m)
+    extra successes in z²/m extra trials, then Var(mean) = Σ p̃(1−p̃)/ñ / m². Unlike the plain
+    normal interval it does not collapse to a point when every rate is 0 or 1.
     """
-    parts = [(s / n, n) for s, n in rates if n]
+    parts = [(s, n) for s, n in rates if n]
     if not parts:
         return 0.0, 0.0, 1.0
-    mean = sum(p for p, _ in parts) / len(parts)
-    se = math.sqrt(sum(p * (1 - p) / n for p, n in parts)) / len(parts)
-    return mean, max(0.0, mean - z * se), min(1.0, mean + z * se)
+    m = len(parts)
+    mean = sum(s / n for s, n in parts) / m
+    adjusted = [((s + z * z / (2 * m)) / (n + z * z / m), n + z * z / m) for s, n in parts]
+    centre = sum(p for p, _ in adjusted) / m
+    se = math.sqrt(sum(p * (1 - p) / n for p, n in adjusted)) / m
+    return mean, max(0.0, centre - z * se), min(1.0, centre + z * se)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
