@@ -216,3 +216,17 @@ def test_an_interrupted_run_closes_its_connections_and_resumes(task_set, tmp_pat
         assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 1
         summary = evaluate(episodes, EnvConfig(), tmp_path / "run", policy=policy, settings=FAST)
     assert summary["episodes"] == 2 and summary["successes"] == 2
+
+
+def test_resuming_plays_generation_errors_again(task_set, tmp_path):
+    good, flaky = task_set.get("multi_turn_base_0"), task_set.get("multi_turn_base_1")
+    tasks = [flaky, good]
+    with ScriptedServer() as server:
+        for task in tasks:
+            server.scripts[_key(task)] = oracle_transcript(task, ground_truth_calls(task), get_format("hermes"))[0]
+        server.directives[(_key(flaky), 0)] = {"status": 503, "times": 3}  # down for the whole first run
+        first, _ = _run(server, tasks, tmp_path, "run")
+        second, records = _run(server, tasks, tmp_path, "run")
+    assert first["errors"] == 1 and first["episodes"] == 1
+    assert second["errors"] == 0 and second["successes"] == 2
+    assert [(r["index"], r["task_id"]) for r in records] == [(1, flaky.id), (2, good.id)]  # in input order, once each

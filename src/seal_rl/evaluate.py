@@ -12,7 +12,8 @@ A run directory holds:
 * ``summary.json`` — success per category with Wilson 95% intervals, their average (the paper's
   metric) with an interval, pass@k when tasks were sampled several times, generation errors.
 * ``config.json`` — the policy, environment and model settings, episodes and versions: re-running
-  the same command into the same directory resumes it; a different run there is refused.
+  the same command into the same directory resumes it (episodes that ended in a generation error
+  are played again); a different run there is refused.
 
 Evaluation uses the base interface: what the agent sees is the original protocol.
 """
@@ -20,6 +21,7 @@ Evaluation uses the base interface: what the agent sees is the original protocol
 from __future__ import annotations
 
 import json
+import os
 import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -183,6 +185,16 @@ def _read_complete_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _rewrite(path: Path, records: Sequence[dict[str, Any]]) -> None:
+    """Replace a results file atomically (a crash leaves the old or the new one, never half)."""
+    partial = path.with_suffix(".jsonl.partial")
+    with open(partial, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
 def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
     """Records already in ``out`` from the same run (resume), or [] after preparing a fresh run."""
     if out.exists() and not out.is_dir():
@@ -226,7 +238,8 @@ def evaluate(
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
 
     Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
-    kept and only the others are played (``on_resume`` receives the records found). ``generator``
+    kept and only the others are played, including those that ended in a generation error
+    (``on_resume`` receives the records kept). ``generator``
     overrides the policy's own (benchmarks, tests).
     """
     name = policy if isinstance(policy, str) else policy.name
@@ -238,6 +251,9 @@ def evaluate(
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
     done = _resumable(Path(out), config, overwrite)
+    if any(r.get("error") for r in done):  # generation errors are played again on resume
+        done = [r for r in done if not r.get("error")]
+        _rewrite(Path(out) / RESULTS_FILE, done)
     if done and on_resume is not None:
         on_resume(done)
     owned = generator is None  # a generator made here is closed here (connections, threads)
@@ -275,6 +291,9 @@ def evaluate(
         finally:
             if owned and hasattr(generator, "close"):
                 generator.close()
+    kept = _read_complete_lines(Path(out) / RESULTS_FILE) if done else None
+    if kept is not None and [r["index"] for r in kept] != sorted(r["index"] for r in kept):
+        _rewrite(Path(out) / RESULTS_FILE, sorted(kept, key=lambda r: r["index"]))  # retried episodes back in place
     summary = {"policy": name, **summarize(records)}
     (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -223,7 +223,7 @@ def eval_report(run_dir: Path) -> str:
         '<option>fail</option><option>error</option></select><span id="f-count"></span></div>'
     )
     meta = (f"<p class='meta'>policy {_e(config.get('policy', '?'))} · {len(records)} episodes · "
-            f"versions {_e(json.dumps(config.get('versions', {})))}</p>")  # fmt: skip
+            f"{_e(' · '.join(f'{k} {v}' for k, v in config.get('versions', {}).items()))}</p>")  # fmt: skip
     sections = [
         meta,
         "<h2>Success</h2>", _success_table(summary), _success_chart(summary),

@@ -153,13 +153,14 @@ def compare_runs(a: Sequence[Mapping], b: Sequence[Mapping], *, resamples: int =
         return {(r["task_id"], r.get("sample", 0)): (r["category"], r["reward"] == 1.0) for r in records if not r.get("error")}
 
     left, right = outcomes(a), outcomes(b)
+    first_seen = {category: i for i, category in reversed(list(enumerate(r["category"] for r in a)))}  # run A's order
     shared = sorted(set(left) & set(right))
     by_category: dict[str, list[tuple[bool, bool]]] = {}
     for key in shared:
         by_category.setdefault(left[key][0], []).append((left[key][1], right[key][1]))
     categories = {
         category: paired({str(i): p[0] for i, p in enumerate(pairs)}, {str(i): p[1] for i, p in enumerate(pairs)})
-        for category, pairs in sorted(by_category.items())
+        for category, pairs in sorted(by_category.items(), key=lambda item: first_seen[item[0]])
     }
     overall = paired({str(k): left[k][1] for k in shared}, {str(k): right[k][1] for k in shared})
     return RunComparison(
