@@ -1,0 +1,71 @@
+"""The documented commands stay true to the code: seal options exist, and the OOD recipe only uses
+categories, model entries, options and variables that the pinned bfcl_eval has."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import bfcl_eval
+
+ROOT = Path(__file__).resolve().parents[1]
+BFCL = Path(bfcl_eval.__file__).resolve().parent
+
+
+def _commands(text: str, program: str) -> list[str]:
+    """Shell commands in fenced blocks that run ``program`` (continuation lines joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    joined = "\n".join(block.replace("\\\n", " ") for block in blocks)
+    commands = []
+    for line in joined.splitlines():
+        words = [w for w in line.split() if not re.fullmatch(r"[A-Z_]+=\S*", w)]  # leading VAR=value
+        if words and words[0].rsplit("/", 1)[-1] == program:
+            commands.append(" ".join([program, *words[1:]]))
+    return commands
+
+
+def test_the_ood_recipe_matches_the_pinned_bfcl():
+    from bfcl_eval.constants.category_mapping import TEST_COLLECTION_MAPPING
+
+    commands = _commands((ROOT / "docs" / "ood.md").read_text(), "bfcl")
+    assert len(commands) >= 4
+    cli = (BFCL / "__main__.py").read_text()
+    models = (BFCL / "constants" / "model_config.py").read_text()
+    for command in commands:
+        subcommand = re.search(r"bfcl (\w+)", command).group(1)
+        assert f"def {subcommand}(" in cli, command
+        for flag in re.findall(r"\s(--[a-z-]+)", command):
+            assert f'"{flag}"' in cli or re.search(rf"\b{flag[2:].replace('-', '_')}:", cli), (flag, command)
+        for categories in re.findall(r"--test-category (\S+)", command):
+            for category in categories.split(","):
+                assert category in TEST_COLLECTION_MAPPING, category
+        for model in re.findall(r"--model (\S+)", command):
+            entry = re.search(rf'"{re.escape(model)}": ModelConfig\((.*?)\n    \),', models, flags=re.S)
+            assert entry is not None, model
+            assert "model_handler=QwenFCHandler" in entry.group(1) and "is_fc_model=True" in entry.group(1)
+    source = "\n".join(p.read_text(errors="replace") for p in BFCL.rglob("*.py"))
+    for variable in ("SERPAPI_API_KEY", "LOCAL_SERVER_ENDPOINT", "LOCAL_SERVER_PORT", "BFCL_PROJECT_ROOT"):
+        assert variable in source, variable
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/evaluation.md", "docs/training.md"])
+def test_documented_seal_options_exist(doc):
+    from typer.main import get_command
+
+    from seal_rl.cli import app
+
+    root = get_command(app)
+    commands = _commands((ROOT / doc).read_text(), "seal")
+    assert commands
+    for command in commands:
+        words = command.split()[1:]
+        group = root
+        while words and hasattr(group, "commands") and words[0] in group.commands:
+            group = group.commands[words.pop(0)]
+        assert group is not root, command
+        known = {opt for param in group.params for opt in (*param.opts, *param.secondary_opts)}
+        for word in words:
+            if word.startswith("--"):
+                assert word.split("=")[0] in known, (word, command)
