@@ -33,7 +33,7 @@ from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.diagnose import diagnose, reference_labels
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
-from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy
+from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
 from seal_rl.remote import OpenAIGenerator, ServerSettings
 from seal_rl.rollout import Budgets, Generator, HFGenerator, ScriptedGenerator, VLLMEngineGenerator, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson
@@ -239,9 +239,11 @@ def evaluate(
 
     Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
     kept and only the others are played, including those that ended in a generation error
-    (``on_resume`` receives the records kept). ``generator``
-    overrides the policy's own (benchmarks, tests).
+    (``on_resume`` receives the records kept). ``policy`` is a :class:`Policy` or its spec
+    (``"oracle:faults=0.3"``); ``generator`` overrides the policy's own (benchmarks, tests).
     """
+    if isinstance(policy, str) and generator is None:
+        policy = parse_policy(policy)
     name = policy if isinstance(policy, str) else policy.name
     config = {
         "policy": name,
