@@ -152,6 +152,11 @@ def _parse_replay_line(path: Path, index: int, line: str) -> dict[str, Any]:
     return record
 
 
+def _generated_episodes(tasks: Sequence[Task]) -> list[Episode]:
+    """Episodes whose messages a model will generate (nothing scripted)."""
+    return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class ModelPolicy:
     """A local transformers model directory, played through the episode driver (greedy by default)."""
@@ -164,7 +169,7 @@ class ModelPolicy:
         return f"hf:{self.path}"
 
     def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-        return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+        return _generated_episodes(tasks)
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ class VLLMPolicy:
         return f"vllm:{self.path}"
 
     def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-        return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+        return _generated_episodes(tasks)
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,7 @@ class ServerPolicy:
         return f"openai:{self.model}@{self.url}"
 
     def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-        return [Episode(index, task, None) for index, task in enumerate(tasks, start=1)]  # type: ignore[arg-type]
+        return _generated_episodes(tasks)
 
 
 def with_samples(episodes: Sequence[Episode], samples: int) -> list[Episode]:
