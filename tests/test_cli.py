@@ -77,10 +77,13 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["eval", "-p", "openai:no-url", "--out", "{tmp}"], "openai: needs MODEL@URL"),
         (["eval", "-p", "hf:{tmp}/no-model", "--out", "{tmp}"], "hf: needs a local model directory"),
         (["eval", "-p", "oracle", "--samples", "0", "--out", "{tmp}"], "--samples must be at least 1"),
+        (["eval", "-p", "vllm:{tmp}/model", "--tasks", "multi_turn_base_0", "--out", "{tmp}/o"], "vllm: needs the vllm package and a GPU"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, tmp_path, args, message):
     (tmp_path / "bad.jsonl").write_text('{"task_id": "multi_turn_base_0", "assistant": []}\n{oops\n')
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     code, out, err = run_cli(monkeypatch, capsys, *args)
     assert code == 2

@@ -161,8 +161,12 @@ def eval_command(
             errors = f"[red]{counts['errors']} errors" if counts["errors"] else ""
             progress.update(bar, advance=1, rate=rate, errors=errors)
 
-        summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
-                           on_episode=advance, on_resume=resumed)  # fmt: skip
+        try:
+            summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
+                               on_episode=advance, on_resume=resumed)  # fmt: skip
+        except SealError:
+            progress.update(bar, visible=False)  # the error is the one line the user sees
+            raise
     _print_summary(summary, out_dir)
 
 
