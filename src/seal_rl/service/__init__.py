@@ -1,0 +1,1 @@
+"""The environment as an HTTP service (``seal serve``) and its client."""

@@ -1,0 +1,169 @@
+"""``create_app(settings)``: the BFCL multi-turn environment over HTTP (FastAPI).
+
+The same environment, verifier, diagnosis and interface code as ``seal eval`` and ``seal train``,
+run in worker processes by :class:`~seal_rl.service.workers.EpisodePool`. The OpenAPI schema
+(``/docs``, ``/openapi.json``) documents every body; ``docs/service.md`` the protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, status
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from seal_rl import __version__
+from seal_rl.bfcl import BFCL_VERSION
+from seal_rl.interface import InterfaceState
+from seal_rl.service.schemas import (
+    EPISODE_ID, Category, EpisodeCreate, EpisodePublic, Evaluation, EvaluateRequest, Health, Problem, Released, Split,
+    StepRequest, StepResponse, TaskList, TaskPublic,
+)  # fmt: skip
+from seal_rl.service.settings import ServiceSettings
+from seal_rl.service.workers import EpisodeError, EpisodePool
+from seal_rl.tasks import TaskSet
+
+EpisodeId = Annotated[str, Path(pattern=EPISODE_ID, description="the id returned by POST /episodes")]
+
+_bearer = HTTPBearer(auto_error=False, description="required when the service was started with a token")
+
+
+def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": Problem} for code in codes}
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: request bodies over ``limit`` bytes answer 413 (declared or streamed)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        body = json.dumps({"detail": f"Request body larger than {self.limit} bytes (the service's max_request_bytes)."}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None = None) -> FastAPI:
+    """The service app; worker processes start with the app's lifespan and stop with it."""
+    settings = settings if settings is not None else ServiceSettings()
+    tasks = tasks if tasks is not None else TaskSet.load()
+    pool = EpisodePool(settings.workers, max_episodes=settings.max_episodes, step_timeout=settings.step_timeout,
+                       kill_grace=settings.kill_grace)  # fmt: skip
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await asyncio.to_thread(pool.start)
+        reaper = asyncio.create_task(_release_idle(pool, settings.idle_timeout))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await asyncio.to_thread(pool.close)
+
+    def authorize(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+        if settings.token is None:
+            return
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), settings.token.encode()):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="Missing or wrong bearer token (Authorization: Bearer <token>).",
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+
+    app = FastAPI(
+        title="seal-rl environment service", version=__version__, lifespan=lifespan,
+        description="Executable BFCL multi-turn episodes with the strict verifier, SEAL's diagnosis and interface.",
+        generate_unique_id_function=lambda route: route.name,
+    )  # fmt: skip
+    app.state.pool, app.state.settings = pool, settings
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+
+    @app.exception_handler(EpisodeError)
+    async def episode_error(request: Request, exc: EpisodeError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.get("/health", response_model=Health, tags=["service"])
+    def health() -> Health:
+        return Health(status="ok", version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
+                      workers_alive=pool.workers_alive, live_episodes=pool.live_episodes,
+                      max_episodes=settings.max_episodes)  # fmt: skip
+
+    router = APIRouter(dependencies=[Depends(authorize)], responses=_problems(401))
+
+    @router.get("/tasks", response_model=TaskList, tags=["tasks"])
+    def list_tasks(split: Split = "test", category: Annotated[list[Category] | None, Query()] = None) -> TaskList:
+        """Tasks of the paper's 400/400 split (``all``: both), optionally of some categories."""
+        chosen = [t for t in tasks if (split == "all" or tasks.split_of(t.id) == split) and (not category or t.category in category)]
+        return TaskList(tasks=[TaskPublic(id=t.id, category=t.category, split=tasks.split_of(t.id), num_turns=t.num_turns) for t in chosen])
+
+    episodes = APIRouter(prefix="/episodes", tags=["episodes"], dependencies=[Depends(authorize)], responses=_problems(401))
+
+    @episodes.post("", response_model=EpisodePublic, status_code=201, responses=_problems(404, 409, 429, 503))
+    async def create_episode(body: EpisodeCreate) -> dict[str, Any]:
+        """Open an episode: the first observation and the tool specs."""
+        if body.task_id not in tasks:
+            raise EpisodeError("not_found", f"Unknown task id {body.task_id!r}; GET /tasks lists them.")
+        if body.max_model_calls > settings.max_model_calls_limit:
+            raise EpisodeError("invalid", f"max_model_calls may be at most {settings.max_model_calls_limit} on this service.")
+        state = (InterfaceState.initial(body.interface).to_json() if isinstance(body.interface, str)
+                 else body.interface.model_dump())  # fmt: skip
+        spec = {**body.model_dump(exclude={"episode_id"}), "interface": state}
+        return await pool.create(body.episode_id or secrets.token_urlsafe(16), spec)
+
+    @episodes.post("/{episode_id}/step", response_model=StepResponse, responses=_problems(404, 409, 410))
+    async def step_episode(episode_id: EpisodeId, body: StepRequest) -> dict[str, Any]:
+        """Feed one assistant message; the observation, reward and end flags (Gymnasium's step)."""
+        return await pool.step(episode_id, body.model_dump())
+
+    @episodes.post("/{episode_id}/evaluate", response_model=Evaluation, responses=_problems(404, 409, 410))
+    async def evaluate_episode(episode_id: EpisodeId, body: EvaluateRequest | None = None) -> dict[str, Any]:
+        """The verifier's reward and per-turn labels with evidence; ends a running episode first."""
+        return await pool.evaluate(episode_id, (body or EvaluateRequest()).model_dump())
+
+    @episodes.delete("/{episode_id}", response_model=Released, responses=_problems(404, 409, 410))
+    async def release_episode(episode_id: EpisodeId) -> Released:
+        """Free the episode's backends; later requests for it answer 410."""
+        await pool.release(episode_id)
+        return Released(episode_id=episode_id, released=True)
+
+    app.include_router(router)
+    app.include_router(episodes)
+    return app
+
+
+async def _release_idle(pool: EpisodePool, idle_timeout: float) -> None:
+    while True:
+        await asyncio.sleep(min(5.0, idle_timeout / 4))
+        await pool.release_idle(idle_timeout)
+

@@ -1,0 +1,58 @@
+"""Settings of ``seal serve``, read from ``SEAL_*`` environment variables or given explicitly."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost: addresses only this machine can reach."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServiceSettings(BaseSettings):
+    """How the environment service runs. Every field can be set as ``SEAL_<FIELD>`` (e.g. ``SEAL_TOKEN``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SEAL_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    """address to bind; anything but loopback needs ``token``"""
+    port: int = Field(8082, ge=0, le=65535)
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, le=256)
+    """worker processes that hold the episodes (BFCL backends are not thread-safe)"""
+    token: str | None = None
+    """bearer token every request except ``/health`` must carry (``Authorization: Bearer …``)"""
+    max_episodes: int = Field(1024, ge=1)
+    """live episodes at once; creating more answers 429 until some are released"""
+    idle_timeout: float = Field(600.0, gt=0)
+    """seconds an episode may go untouched before it is released"""
+    step_timeout: float = Field(30.0, gt=0)
+    """seconds one step, evaluation or creation may run; the episode fails after that"""
+    kill_grace: float = Field(10.0, gt=0)
+    """a worker still busy this long after ``step_timeout`` is killed and replaced (its episodes fail)"""
+    max_request_bytes: int = Field(1_048_576, ge=1024)
+    """larger request bodies answer 413"""
+    max_model_calls_limit: int = Field(200, ge=1)
+    """the largest ``max_model_calls`` an episode may ask for"""
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> ServiceSettings:
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines, and the service executes tool calls for "
+                "whoever connects; set a bearer token (--token or SEAL_TOKEN) or bind to 127.0.0.1."
+            )
+        if self.token is not None and len(self.token) < 16:
+            raise ValueError("token must be at least 16 characters; e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`.")
+        return self
