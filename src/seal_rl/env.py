@@ -255,6 +255,10 @@ class BfclEnv:
             self._finish(reason)
         return self.verdict.reward, {"verdict": self.verdict, "end_reason": self.end_reason}
 
+    def record(self) -> dict[str, Any]:
+        """The finished episode as plain JSON-able data (see :func:`episode_record`)."""
+        return episode_record(self)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _open_turn(self, turn: int) -> list[Message]:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from seal_rl.env import BfclEnv, episode_record
+from seal_rl.env import BfclEnv
 from seal_rl.errors import SealError
 from seal_rl.interface import Message
 from seal_rl.policies import Agent
@@ -139,7 +139,8 @@ def run_episodes(
 ) -> list[Rollout]:
     """Play episodes ``(index, task, extra record fields)`` to their ends; rollouts in input order.
 
-    ``make_env`` is called at most ``concurrency`` times: environments are reset and reused.
+    ``make_env`` is called at most ``concurrency`` times: environments (``BfclEnv``, or a
+    ``seal_rl.service.RemoteEnv`` for a remote service) are reset and reused.
 
     With ``chat`` (token-level generators), every episode also yields its token-exact
     trajectory. ``seed`` and the tick number seed each generator call, so a rerun is identical.
@@ -154,7 +155,7 @@ def run_episodes(
     order: list[int] = []
 
     def finish(state: _Active) -> None:
-        record = {"index": state.index, **episode_record(state.env), **state.extra}
+        record = {"index": state.index, **state.env.record(), **state.extra}
         rollout = Rollout(state.index, record, state.trajectory, state.seconds_env)
         finished[state.index] = rollout
         free.append(state.env)
@@ -202,9 +203,20 @@ def run_episodes(
             return False
         return True
 
-    if hasattr(generator, "submit"):
-        _stream(generator, admit, active, request, advance, seed, stats)
-        return [finished[index] for index in order]
+    try:
+        if hasattr(generator, "submit"):
+            _stream(generator, admit, active, request, advance, seed, stats)
+        else:
+            _lockstep(generator, admit, active, request, advance, seed, stats)
+    finally:
+        for env in free + [state.env for state in active]:
+            if hasattr(env, "close"):  # remote environments release their episodes
+                env.close()
+    return [finished[index] for index in order]
+
+
+def _lockstep(generator: Generator, admit, active, request, advance, seed: int, stats: DriverStats) -> None:
+    """Ticks: generate the next message of every active episode in one batched call, then step them."""
     admit()
     while active:
         requests = [request(state) for state in active]
@@ -216,7 +228,6 @@ def run_episodes(
         active[:] = [state for state, generation in zip(active, generations, strict=True) if advance(state, generation)]
         admit()
         stats.environment += time.perf_counter() - started
-    return [finished[index] for index in order]
 
 
 def _stream(generator: StreamingGenerator, admit, active, request, advance, seed: int, stats: DriverStats) -> None:

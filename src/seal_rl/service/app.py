@@ -94,8 +94,6 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
             await asyncio.to_thread(pool.close)
 
     def authorize(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-        if settings.token is None:
-            return
         if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), settings.token.encode()):
             raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="Missing or wrong bearer token (Authorization: Bearer <token>).",
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
@@ -119,7 +117,9 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
                       workers_alive=pool.workers_alive, live_episodes=pool.live_episodes,
                       max_episodes=settings.max_episodes)  # fmt: skip
 
-    router = APIRouter(dependencies=[Depends(authorize)], responses=_problems(401))
+    # The bearer scheme is declared (and checked) only when there is a token to check.
+    guarded = {"dependencies": [Depends(authorize)], "responses": _problems(401)} if settings.token else {}
+    router = APIRouter(**guarded)
 
     @router.get("/tasks", response_model=TaskList, tags=["tasks"])
     def list_tasks(split: Split = "test", category: Annotated[list[Category] | None, Query()] = None) -> TaskList:
@@ -127,7 +127,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         chosen = [t for t in tasks if (split == "all" or tasks.split_of(t.id) == split) and (not category or t.category in category)]
         return TaskList(tasks=[TaskPublic(id=t.id, category=t.category, split=tasks.split_of(t.id), num_turns=t.num_turns) for t in chosen])
 
-    episodes = APIRouter(prefix="/episodes", tags=["episodes"], dependencies=[Depends(authorize)], responses=_problems(401))
+    episodes = APIRouter(prefix="/episodes", tags=["episodes"], **guarded)
 
     @episodes.post("", response_model=EpisodePublic, status_code=201, responses=_problems(404, 409, 429, 503))
     async def create_episode(body: EpisodeCreate) -> dict[str, Any]:
