@@ -179,22 +179,34 @@ class Client(_Endpoints):
 
 
 class AsyncClient(_Endpoints):
-    """The same as :class:`Client` for asyncio agent loops (``await client.step(...)``)."""
+    """The same as :class:`Client` for asyncio agent loops (``await client.step(...)``).
+
+    Connections are spread over pools of at most ``POOL_SIZE``: httpx's pool does work linear in
+    the requests it holds for each request, so one pool of 256 connections costs the client about
+    twice the CPU per request of 16 pools of 16 (``benchmarks/bench_service.py``).
+    """
+
+    POOL_SIZE = 16
 
     def __init__(self, base_url: str = "http://127.0.0.1:8082", *, token: str | None = None, timeout: float = 60.0,
-                 retries: int = 4, backoff: float = 0.2, max_connections: int = 256,
+                 retries: int = 4, backoff: float = 0.2, max_connections: int = 64,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:  # fmt: skip
         super().__init__(base_url, token, timeout, retries, backoff)
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout,
-                                       limits=limits, transport=transport)  # fmt: skip
+        size = min(self.POOL_SIZE, max_connections)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        self._pools = [
+            httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=limits, transport=transport)
+            for _ in range(-(-max_connections // size))
+        ]  # fmt: skip
+        self._turn = 0
 
     async def _send(self, call: _Call) -> Any:
-        attempt = 0
+        self._turn = (self._turn + 1) % len(self._pools)
+        http, attempt = self._pools[self._turn], 0
         while True:
             response, error = None, None
             try:
-                response = await self._http.request(call.method, call.path, **_body(call))
+                response = await http.request(call.method, call.path, **_body(call))
             except httpx.TransportError as exc:
                 error = exc
             wait = self._retry_after(call, attempt, response, error)
@@ -222,7 +234,8 @@ class AsyncClient(_Endpoints):
         return await self._send(self._release(episode_id))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for http in self._pools:
+            await http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
