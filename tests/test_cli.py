@@ -77,6 +77,9 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["eval", "-p", "openai:no-url", "--out", "{tmp}"], "openai: needs MODEL@URL"),
         (["eval", "-p", "hf:{tmp}/no-model", "--out", "{tmp}"], "hf: needs a local model directory"),
         (["eval", "-p", "oracle", "--samples", "0", "--out", "{tmp}"], "--samples must be at least 1"),
+        (["serve", "--host", "0.0.0.0"], "set a bearer token (--token or SEAL_TOKEN) or bind to 127.0.0.1"),
+        (["serve", "--workers", "0"], "workers: Input should be greater than or equal to 1"),
+        (["serve", "--token", "short"], "token must be at least 16 characters"),
         (["eval", "-p", "vllm:{tmp}/model", "--tasks", "multi_turn_base_0", "--out", "{tmp}/o"], "vllm: needs the vllm package and a GPU"),
     ],
 )
@@ -176,3 +179,11 @@ def test_a_killed_eval_resumes_to_the_same_results_as_an_uninterrupted_run(tmp_p
     assert "episodes already done" in resumed.stderr
     assert read_results(killed_dir) == read_results(tmp_path / "full")
     assert json.loads((killed_dir / "summary.json").read_text()) == json.loads((tmp_path / "full" / "summary.json").read_text())
+
+
+def test_serve_refuses_a_port_in_use(monkeypatch, capsys):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        code, out, err = run_cli(monkeypatch, capsys, "serve", "--port", str(taken.getsockname()[1]))
+    assert code == 2 and "choose another --port" in err and len(err.strip().splitlines()) == 1
