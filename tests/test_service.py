@@ -270,7 +270,8 @@ def test_a_killed_worker_fails_only_its_episodes_and_is_replaced(task_set):
         assert any(slot == victim for *_, slot in opened) and any(slot != victim for *_, slot in opened)
         _, replies = replay(client, task_set.get("multi_turn_base_0"))  # still serving
         assert replies[-1]["reward"] == 1.0
-        assert client.health()["workers_alive"] == 2
+        health = client.health()
+        assert health["workers_alive"] == 2 and health["worker_restarts"] == 1
 
 
 def test_a_stuck_worker_is_killed_after_the_step_timeout_and_replaced(task_set):

@@ -114,7 +114,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     @app.get("/health", response_model=Health, tags=["service"])
     def health() -> Health:
         return Health(status="ok", version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
-                      workers_alive=pool.workers_alive, live_episodes=pool.live_episodes,
+                      workers_alive=pool.workers_alive, worker_restarts=pool.worker_restarts,
+                      live_episodes=pool.live_episodes,
                       max_episodes=settings.max_episodes)  # fmt: skip
 
     # The bearer scheme is declared (and checked) only when there is a token to check.

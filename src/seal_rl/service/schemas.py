@@ -32,6 +32,7 @@ class Health(BaseModel):
     bfcl_eval: str
     workers: int
     workers_alive: int
+    worker_restarts: int = Field(description="worker processes replaced since start (crashed or stuck)")
     live_episodes: int
     max_episodes: int
 

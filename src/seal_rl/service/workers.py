@@ -285,6 +285,10 @@ class EpisodePool:
     def workers_alive(self) -> int:
         return sum(1 for w in self._workers if w.ready.is_set() and w.alive)
 
+    @property
+    def worker_restarts(self) -> int:
+        return sum(w.restarts for w in self._workers)
+
     def worker_pids(self) -> list[int | None]:
         return [w.process.pid if w.process is not None else None for w in self._workers]
 
@@ -404,7 +408,10 @@ class EpisodePool:
             if job is None:
                 self._stop(worker)
                 return
-            self._run(worker, job)
+            try:
+                self._run(worker, job)
+            except Exception as exc:  # never leave a request waiting forever
+                job.loop.call_soon_threadsafe(_resolve, job.future, ("failed", f"internal error: {type(exc).__name__}: {exc}"))
 
     def _run(self, worker: _Worker, job: _Job) -> None:
         answer: tuple[str, Any]
