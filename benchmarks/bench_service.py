@@ -49,7 +49,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run_in_process() -> dict:
     """The baseline, in a fresh process so its peak RSS is its own."""
-    from seal_rl.diagnose import diagnose
+    from seal_rl.diagnose import add_diagnosis
     from seal_rl.env import BfclEnv, EnvConfig
 
     plans = _transcripts()
@@ -65,7 +65,7 @@ def run_in_process() -> dict:
             if env.done:
                 break
         record = env.record()
-        diagnose(record)
+        add_diagnosis(record)
         successes += record["reward"] == 1.0
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

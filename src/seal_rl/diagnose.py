@@ -217,6 +217,15 @@ def reference_labels(record: Mapping[str, Any]) -> list[str]:
     return labels
 
 
+def add_diagnosis(record: dict[str, Any]) -> Diagnosis:
+    """Write Ψ's ``diagnosis`` and the reference ``reference_labels`` into a finished episode's
+    record (the fields of a ``results.jsonl`` line); return the diagnosis."""
+    diagnosis = diagnose(record)
+    record["diagnosis"] = diagnosis.to_json()
+    record["reference_labels"] = reference_labels(record)
+    return diagnosis
+
+
 def error_template(text: str) -> str:
     """An error message with its specifics blanked, to group "the same" error across episodes."""
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", str(text))

@@ -30,7 +30,7 @@ from typing import Any
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.diagnose import diagnose, reference_labels
+from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
@@ -50,14 +50,8 @@ def play(env: BfclEnv, episode: Episode) -> dict[str, Any]:
     """Play one scripted episode to its end and return its result line."""
     generator = ScriptedGenerator({episode.index: episode.agent})
     (rollout,) = run_episodes([(episode.index, episode.task, episode.extra)], generator, lambda: env)
-    return with_diagnosis(rollout.record)
-
-
-def with_diagnosis(record: dict[str, Any]) -> dict[str, Any]:
-    """A finished episode's record with its diagnosis and reference labels added."""
-    record["diagnosis"] = diagnose(record).to_json()
-    record["reference_labels"] = reference_labels(record)
-    return record
+    add_diagnosis(rollout.record)
+    return rollout.record
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -274,7 +268,8 @@ def evaluate(
 
         def done_callback(rollout) -> None:  # write finished episodes in input order
             nonlocal next_index
-            waiting[rollout.index] = with_diagnosis(rollout.record)
+            add_diagnosis(rollout.record)
+            waiting[rollout.index] = rollout.record
             while next_index in waiting:
                 record = waiting.pop(next_index)
                 results.write(json.dumps(record, ensure_ascii=False) + "\n")

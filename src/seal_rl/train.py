@@ -35,7 +35,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
-from seal_rl.diagnose import diagnose, reference_labels
+from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
@@ -285,9 +285,7 @@ class SealLoop:
         local = []
         for rollout in rollouts:
             record = rollout.record
-            diagnosis = diagnose(record)
-            record["diagnosis"] = diagnosis.to_json()
-            record["reference_labels"] = reference_labels(record)
+            diagnosis = add_diagnosis(record)
             local.append(EpisodeLabels(record["task_id"], record["category"], record["reward"], diagnosis,
                                        tuple(record["reference_labels"])))  # fmt: skip
         everyone = _gather(trainer, local)

@@ -51,10 +51,6 @@ class _Call:
     """a 410 on a retry means the first attempt succeeded (release)"""
 
 
-def _interface_json(interface: str | InterfaceState | dict[str, Any]) -> str | dict[str, Any]:
-    return interface.to_json() if isinstance(interface, InterfaceState) else interface
-
-
 class _Endpoints:
     """The requests of every endpoint, shared by the sync and async clients."""
 
@@ -64,15 +60,12 @@ class _Endpoints:
         self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
 
     @staticmethod
-    def _create(task_id: str, *, episode_id: str | None = None, call_format: str = "hermes", prompt_mode: str = "bfcl_qwen_fc",
-                interface: str | InterfaceState | dict[str, Any] = "vanilla", mode: str = "eval", max_model_calls: int = 20,
-                max_message_chars: int = 100_000) -> _Call:  # fmt: skip
-        body = {
-            "task_id": task_id, "episode_id": episode_id or secrets.token_urlsafe(16), "call_format": call_format,
-            "prompt_mode": prompt_mode, "interface": _interface_json(interface), "mode": mode,
-            "max_model_calls": max_model_calls, "max_message_chars": max_message_chars,
-        }  # fmt: skip
-        return _Call("POST", "/episodes", body)
+    def _create(task_id: str, *, episode_id: str | None = None, **options: Any) -> _Call:
+        """``options``: fields of ``POST /episodes`` (the service's defaults apply to those left out);
+        ``interface`` may be an :class:`InterfaceState`."""
+        if isinstance(options.get("interface"), InterfaceState):
+            options["interface"] = options["interface"].to_json()
+        return _Call("POST", "/episodes", {"task_id": task_id, "episode_id": episode_id or secrets.token_urlsafe(16), **options})
 
     @staticmethod
     def _step(episode_id: str, message: str, step: int | None) -> _Call:
@@ -260,7 +253,6 @@ class RemoteEnv:
         self.config = config if config is not None else EnvConfig()
         self.interface, self.training = interface, training
         self.episode_id: str | None = None
-        self.task: Task | None = None
         self.end_reason: str | None = None
 
     def reset(self, task: Task | str, *, seed: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -270,10 +262,9 @@ class RemoteEnv:
             prompt_mode=self.config.prompt_mode, interface=self.interface, mode="train" if self.training else "eval",
             max_model_calls=self.config.max_model_calls, max_message_chars=self.config.max_message_chars,
         )  # fmt: skip
-        self.task = task if isinstance(task, Task) else None
         self.episode_id, self.tools = opened["episode_id"], opened["tools"]
         self.messages: list[dict[str, Any]] = list(opened["observation"])
-        self.model_calls, self.end_reason, self.reward, self._evaluation = 0, None, 0.0, None
+        self.model_calls, self.end_reason, self._evaluation = 0, None, None
         return opened["observation"], {"turn": opened["turn"], "tools": opened["tools"]}
 
     @property
@@ -291,13 +282,13 @@ class RemoteEnv:
         if "tools" in info:
             self.tools = info["tools"]
         if reply["done"]:
-            self.end_reason, self.reward = reply["info"]["end_reason"], reply["reward"]
+            self.end_reason = reply["info"]["end_reason"]
         return reply["observation"], reply["reward"], reply["terminated"], reply["truncated"], info
 
     def truncate(self, reason: str) -> tuple[float, dict[str, Any]]:
         evaluation = self._evaluate(reason)
-        self.end_reason, self.reward = evaluation["end_reason"], evaluation["reward"]
-        return self.reward, {"end_reason": self.end_reason, "evaluation": evaluation}
+        self.end_reason = evaluation["end_reason"]
+        return evaluation["reward"], {"end_reason": self.end_reason, "evaluation": evaluation}
 
     def record(self) -> dict[str, Any]:
         """The finished episode's record (transcript, trace, verdict, diagnosis), as ``BfclEnv.record()``."""

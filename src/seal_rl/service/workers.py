@@ -147,16 +147,13 @@ class _Episodes:
         return answer
 
     def evaluate(self, episode_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        from seal_rl.diagnose import diagnose, reference_labels
-        from seal_rl.env import episode_record
+        from seal_rl.diagnose import add_diagnosis
 
         env = self._get(episode_id).env
         if not env.done:
             env.truncate(payload.get("reason", "client_stop"))
-        record = episode_record(env)
-        diagnosis = diagnose(record)
-        record["diagnosis"] = diagnosis.to_json()
-        record["reference_labels"] = reference_labels(record)
+        record = env.record()
+        add_diagnosis(record)
         return {
             "episode_id": episode_id, "task_id": record["task_id"], "reward": record["reward"],
             "end_reason": record["end_reason"], "turns_reached": record["turns_reached"],
@@ -254,18 +251,18 @@ class EpisodePool:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, wait: bool = True) -> None:
+    def start(self) -> None:
+        """Start the workers and wait until all are ready."""
         for worker in self._workers:
             worker.thread = threading.Thread(target=self._serve, args=(worker,), name=f"seal-worker-{worker.slot}", daemon=True)
             worker.thread.start()
-        if wait:
-            deadline = time.monotonic() + READY_TIMEOUT
-            for worker in self._workers:
-                while not worker.ready.wait(0.1) and worker.error is None and time.monotonic() < deadline:
-                    pass
-                if not worker.ready.is_set():
-                    self.close()
-                    raise SealError(f"Worker {worker.slot} could not start: {worker.error or 'timed out'}.")
+        deadline = time.monotonic() + READY_TIMEOUT
+        for worker in self._workers:
+            while not worker.ready.wait(0.1) and worker.error is None and time.monotonic() < deadline:
+                pass
+            if not worker.ready.is_set():
+                self.close()
+                raise SealError(f"Worker {worker.slot} could not start: {worker.error or 'timed out'}.")
 
     def close(self) -> None:
         self._closing = True
