@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from seal_rl.tasks import TaskSet
+
+# Property tests check behaviour, not speed (speed lives in benchmarks/): no per-example deadline,
+# which a loaded 2-core CI machine can miss on a first torch call.
+settings.register_profile("seal", deadline=None)
+settings.load_profile("seal")
 
 
 @pytest.fixture(scope="session")
