@@ -36,3 +36,30 @@ class OracleMix:
 
 def oracle_mix(trainer):
     return OracleMix()
+
+
+class OracleOrPlain:
+    """Even episodes play the oracle (reward 1), odd ones the oracle with every turn answered in plain
+    text (reward 0). Messages are emitted as a model would: their tokens plus end-of-message."""
+
+    def __init__(self, trainer) -> None:
+        from seal_rl.sft import TranscriptGenerator
+        from seal_rl.trajectory import ChatTokens
+
+        self.chat = ChatTokens(trainer.processing_class)
+        self.eos = trainer.processing_class.eos_token_id
+        self.agents: dict[int, ScriptedAgent] = {}
+        self.inner = TranscriptGenerator(self.agents, self.chat, self.eos)
+
+    def generate(self, requests, seed):
+        for request in requests:
+            if request.episode not in self.agents:
+                faults = 0.0 if request.episode % 2 == 0 else 1.0
+                messages, _ = oracle_transcript(request.task, ground_truth_calls(request.task), get_format("hermes"), faults,
+                                                kinds=("plain_text",))  # fmt: skip
+                self.agents[request.episode] = ScriptedAgent(messages)
+        return self.inner.generate(requests, seed)
+
+
+def oracle_or_plain(trainer):
+    return OracleOrPlain(trainer)

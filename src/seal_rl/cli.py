@@ -225,6 +225,30 @@ def train_command(
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
 
 
+@app.command("sft")
+def sft_command(
+    config: Annotated[Path, typer.Option("--config", help="A YAML recipe (model, env, budgets, warm_start.sft settings).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory; the model goes to OUT/model.")],
+    data: Annotated[list[str] | None, typer.Option("--data", help="Transcript source: oracle | oracle:faults=P,seed=S[,kinds=A+B][,turn=N] | replay:FILE | run:EVAL_DIR (repeatable; default: the recipe's warm_start.data).")] = None,
+    only_successful: Annotated[bool, typer.Option("--only-successful", help="Keep only episodes whose replayed reward is 1 (rejection-sampling fine-tuning).")] = False,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (dotted, repeatable).")] = None,
+) -> None:
+    """Supervised warm start on multi-turn transcripts, token-exact with RL rollouts (TRL SFTTrainer)."""
+    from seal_rl.sft import SFTSource
+    from seal_rl.train import load_recipe, sft
+
+    recipe = load_recipe(config, overrides or [])
+    sources = [SFTSource(source=spec, successful_only=only_successful) for spec in data or []]
+    if not sources and not recipe.warm_start.data:
+        raise SealError("No transcripts to learn from: give --data SOURCE (e.g. --data oracle) or set warm_start.data in the recipe.")
+    if only_successful and not sources:
+        for source in recipe.warm_start.data:
+            source.successful_only = True
+    summary = sft(recipe, out_dir, sources)
+    out.print(f"SFT on {summary['samples']} samples ({summary['assistant_tokens']} assistant tokens), {summary['steps']} steps, "
+              f"loss {summary['first_loss']} -> {summary['last_loss']}; model: {summary['model']}")
+
+
 @app.command("diagnose")
 def diagnose_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `seal eval`.")],

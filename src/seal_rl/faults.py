@@ -18,7 +18,9 @@ call_on_abstain    calls a tool on a turn whose ground truth is to abstain   spu
 
 Faults are drawn per turn with probability ``p`` from those applicable to the turn, with a
 random generator seeded from ``(seed, task id)``, so a task's faults do not depend on which other
-tasks run or in what order.
+tasks run or in what order. ``kinds`` restricts the draw to some fault types and ``turn`` to one
+user turn (negative: counted from the end), e.g. to build controlled warm-start transcripts whose
+only mistake is a plain-text answer in the last turn.
 """
 
 from __future__ import annotations
@@ -176,23 +178,33 @@ def oracle_transcript(
     fmt: CallFormat,
     fault_rate: float = 0.0,
     seed: int = 0,
+    *,
+    kinds: Sequence[str] | None = None,
+    turn: int | None = None,
 ) -> tuple[list[str], list[Fault]]:
     """The oracle's assistant messages for a task, with faults injected at rate ``fault_rate``.
 
     Without faults: per turn, one message with all ground-truth calls then one that ends the turn
-    (abstain turns: only the abstaining message).
+    (abstain turns: only the abstaining message). ``kinds``: draw only these fault types (a turn
+    where none applies stays correct); ``turn``: inject faults only into this user turn.
     """
+    unknown = sorted(set(kinds or ()) - set(FAULT_TYPES))
+    if unknown:
+        raise ValueError(f"unknown fault type(s) {unknown}; expected some of {', '.join(FAULT_TYPES)}")
     rng = random.Random(f"{seed}:{task.id}")
     docs = _docs_by_name(task)
     available = [doc["name"] for doc in task.functions]
+    target = None if turn is None else turn % len(ground_truth)
     messages: list[str] = []
     faults: list[Fault] = []
-    for turn, calls in enumerate(ground_truth):
-        available += [doc["name"] for doc in task.held_out.get(turn, ())]
-        if rng.random() < fault_rate:
-            kind = rng.choice(applicable_faults(calls, docs))
-            later = [c for later_turn in ground_truth[turn + 1:] for c in later_turn]
-            turn_messages, fault = faulty_turn(kind, turn, calls, later, available, docs, fmt, rng)
+    for index, calls in enumerate(ground_truth):
+        available += [doc["name"] for doc in task.held_out.get(index, ())]
+        drawn = rng.random() < fault_rate
+        choices = [k for k in applicable_faults(calls, docs) if kinds is None or k in kinds]
+        if drawn and choices and target in (None, index):
+            kind = rng.choice(choices)
+            later = [c for later_turn in ground_truth[index + 1:] for c in later_turn]
+            turn_messages, fault = faulty_turn(kind, index, calls, later, available, docs, fmt, rng)
             messages += turn_messages
             faults.append(fault)
         elif calls:

@@ -9,7 +9,8 @@ answers observations with assistant messages. Specs on the command line:
   result line under ``input``.
 * ``oracle`` — plays the ground truth (one message with a turn's calls, then one that ends it).
 * ``oracle:faults=P,seed=S`` — the oracle with typed faults (:mod:`seal_rl.faults`) injected into
-  each turn with probability P.
+  each turn with probability P; ``kinds=A+B`` draws only those fault types and ``turn=N`` faults
+  only user turn N (negative: from the end), e.g. ``oracle:faults=1,kinds=plain_text,turn=-1``.
 * ``hf:MODEL_DIR`` — a local transformers model with a chat template (e.g. a ``seal train`` result).
 * ``vllm:MODEL_DIR`` — the same through a local vLLM engine (needs vLLM and a GPU).
 * ``openai:MODEL@URL`` — any OpenAI-compatible chat-completions server (``vllm serve``, SGLang,
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seal_rl.errors import SealError
-from seal_rl.faults import oracle_transcript
+from seal_rl.faults import FAULT_TYPES, oracle_transcript
 from seal_rl.interface import Message
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import get_format
@@ -79,17 +80,29 @@ class OraclePolicy:
 
     faults: float = 0.0
     seed: int = 0
+    kinds: tuple[str, ...] | None = None
+    """draw only these fault types (None: all that apply)"""
+    turn: int | None = None
+    """inject faults only into this user turn (negative: counted from the end)"""
     selects_tasks: bool = True
 
     @property
     def name(self) -> str:
-        return f"oracle:faults={self.faults},seed={self.seed}" if self.faults else "oracle"
+        if not self.faults:
+            return "oracle"
+        name = f"oracle:faults={self.faults},seed={self.seed}"
+        if self.kinds is not None:
+            name += ",kinds=" + "+".join(self.kinds)
+        if self.turn is not None:
+            name += f",turn={self.turn}"
+        return name
 
     def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
         fmt = get_format(call_format)
         episodes = []
         for index, task in enumerate(tasks, start=1):
-            messages, faults = oracle_transcript(task, ground_truth_calls(task), fmt, self.faults, self.seed)
+            messages, faults = oracle_transcript(task, ground_truth_calls(task), fmt, self.faults, self.seed,
+                                                 kinds=self.kinds, turn=self.turn)  # fmt: skip
             extra = {"faults": [fault.to_json() for fault in faults]}
             episodes.append(Episode(index, task, ScriptedAgent(messages), extra))
         return episodes
@@ -240,15 +253,22 @@ def parse_policy(spec: str) -> Policy:
             raise SealError("replay needs a file: --policy replay:PATH/TO/transcripts.jsonl")
         return ReplayPolicy(Path(rest))
     if kind == "oracle":
-        options = _options(spec, rest, {"faults", "seed"})
+        options = _options(spec, rest, {"faults", "seed", "kinds", "turn"})
         try:
             faults = float(options.get("faults", 0.0))
             seed = int(options.get("seed", 0))
+            turn = int(options["turn"]) if "turn" in options else None
         except ValueError:
-            raise SealError(f"Bad oracle options in {spec!r}: faults must be a number in [0, 1], seed an integer.") from None
+            raise SealError(
+                f"Bad oracle options in {spec!r}: faults must be a number in [0, 1], seed and turn integers."
+            ) from None
         if not 0.0 <= faults <= 1.0:
             raise SealError(f"oracle faults must be a probability in [0, 1], got {faults}.")
-        return OraclePolicy(faults, seed)
+        kinds = tuple(options["kinds"].split("+")) if "kinds" in options else None
+        unknown = sorted(set(kinds or ()) - set(FAULT_TYPES))
+        if unknown:
+            raise SealError(f"Unknown fault kind(s) {', '.join(unknown)} in {spec!r}; expected some of {', '.join(FAULT_TYPES)}.")
+        return OraclePolicy(faults, seed, kinds, turn)
     raise SealError(
         f"Unknown policy {spec!r}. Expected oracle, oracle:faults=P,seed=S, replay:FILE, hf:MODEL_DIR, "
         "vllm:MODEL_DIR or openai:MODEL@URL."

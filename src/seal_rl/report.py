@@ -8,7 +8,7 @@ tool is HTML-escaped: model output is hostile input.
   profile, and a trajectory browser (per episode: each turn's question, messages, calls,
   observations, label and evidence), filterable by category, label and outcome.
 * Training runs (``metrics.jsonl``): rollout success per category over rounds with interval
-  bands (and validation success from ``RUN/validation/step_N/`` evaluations when present), the
+  bands, the in-training validation (``validation.jsonl``; or ``seal eval`` runs of checkpoints in ``RUN/validation/step_N/``), the
   label distribution over rounds, a timeline of active interface components, the A-Patch label
   weights over rounds, reward and A-Patch scale distributions, and where the time went.
 """
@@ -240,8 +240,16 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _validation(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """Summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/."""
+def _validation(run_dir: Path) -> tuple[str, dict[int, dict[str, Any]]]:
+    """Validation points: the in-training validation (``validation.jsonl``, by round) or else
+    summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/ (by step)."""
+    logged = _jsonl(run_dir / "validation.jsonl")
+    if logged:
+        return "round", {line["round"]: line for line in logged}
+    return "optimizer step", _checkpoint_evaluations(run_dir)
+
+
+def _checkpoint_evaluations(run_dir: Path) -> dict[int, dict[str, Any]]:
     points = {}
     for summary in sorted((run_dir / "validation").glob("step_*/summary.json")):
         try:
@@ -282,12 +290,19 @@ def training_report(run_dir: Path) -> str:
         ax.set_title("Training rollouts: success per category (95% Wilson bands)")
 
     sections += ["<h2>Success over training</h2>", _figure(success)]
-    validation = _validation(run_dir)
+    axis, validation = _validation(run_dir)
     if validation:
 
         def val(fig):
             ax = fig.add_subplot(111)
             steps = list(validation)
+            averages = [(s, validation[s]) for s in steps if "average_ci95" in validation[s]]
+            if averages:
+                xs = [s for s, _ in averages]
+                ax.plot(xs, [v["average"] * 100 for _, v in averages], marker="s", color="black", linewidth=2,
+                        label="average of categories")
+                ax.fill_between(xs, [v["average_ci95"][0] * 100 for _, v in averages],
+                                [v["average_ci95"][1] * 100 for _, v in averages], alpha=0.12, color="black")  # fmt: skip
             for category in CATEGORIES:
                 points = [(s, validation[s]["categories"].get(category)) for s in steps]
                 points = [(s, c) for s, c in points if c]
@@ -296,11 +311,11 @@ def training_report(run_dir: Path) -> str:
                 (line,) = ax.plot([s for s, _ in points], [c["success_rate"] * 100 for _, c in points], marker="o", label=category)
                 ax.fill_between([s for s, _ in points], [c["ci95"][0] * 100 for _, c in points],
                                 [c["ci95"][1] * 100 for _, c in points], alpha=0.08, color=line.get_color())  # fmt: skip
-            ax.set_xlabel("optimizer step")
+            ax.set_xlabel(axis)
             ax.set_ylabel("validation success (%)")
             ax.set_ylim(0, 100)
             ax.legend(fontsize=8)
-            ax.set_title("Validation (strict evaluation of checkpoints), 95% Wilson bands")
+            ax.set_title("Validation: greedy, strict, interface removed (95% intervals)")
 
         sections.append(_figure(val))
     else:

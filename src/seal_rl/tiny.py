@@ -1,9 +1,14 @@
-"""A tiny random Qwen2-style model with a tokenizer trained on the spot, for smoke runs and tests.
+"""A tiny random decoder with a tokenizer trained on the spot, for smoke runs, the CPU learning
+recipe and tests.
 
 Nothing is downloaded: the byte-level BPE tokenizer is trained (``tokenizers``) on BFCL's own
-text (tool docs, questions, ground-truth calls rendered as ``<tool_call>`` blocks) and carries a
-Qwen2.5-style chat template with tool support; the model is a randomly initialised
-``Qwen2ForCausalLM`` built from a config. ``make demo`` trains it with the ``smoke-cpu`` recipe.
+text (system blocks, tool docs, questions, ground-truth calls rendered as ``<tool_call>`` blocks)
+and carries a Qwen2.5-style chat template with tool support; the model is a randomly initialised
+``LlamaForCausalLM`` (Qwen2.5's layout without attention biases) built from a config.
+
+Why Llama and not Qwen2: transformers 5 loads the tokenizer of any ``model_type: qwen2`` directory
+as ``Qwen2Tokenizer``, which replaces the trained pre-tokenizer with Qwen's word-splitting regex;
+our tokenizer's merges cross word boundaries (see :func:`build_tokenizer`) and would be lost.
 """
 
 from __future__ import annotations
@@ -47,10 +52,15 @@ CHAT_TEMPLATE = (
 
 
 def _corpus(task_set: TaskSet) -> list[str]:
-    from seal_rl.tools import get_format
+    """BFCL text as the environment shows it: system blocks (base and observation-lite), questions,
+    ground-truth calls. Repeated blocks are kept: BPE then merges the commonest ones furthest."""
+    from seal_rl.interface import Interface, InterfaceState
+    from seal_rl.tools import ToolCatalog, get_format
     from seal_rl.verify import ground_truth_calls
 
     hermes = get_format("hermes")
+    catalog = ToolCatalog()
+    interfaces = [Interface("bfcl_qwen_fc", InterfaceState.initial(p), catalog=catalog) for p in ("vanilla", "paper")]
     texts = [CHAT_TEMPLATE]
     seen_docs = set()
     for task in task_set:
@@ -58,18 +68,28 @@ def _corpus(task_set: TaskSet) -> list[str]:
             if doc["name"] not in seen_docs:
                 seen_docs.add(doc["name"])
                 texts.append(json.dumps(doc))
+        texts += [m["content"] for interface in interfaces for m in interface.system(task.functions)]
         texts += [m["content"] for turn in task.questions for m in turn]
         texts += [hermes.render(list(turn)) for turn in ground_truth_calls(task) if turn]
     return texts
 
 
 def build_tokenizer(vocab_size: int = 2048, task_set: TaskSet | None = None):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on BFCL text, with the chat template."""
+    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on BFCL text, with the chat template.
+
+    Merges may cross word boundaries (no regex pre-split): BFCL's repeated boilerplate (tool docs,
+    call markup) becomes long tokens, so prompts are several times shorter than with word-level
+    splitting (median ~1.4k instead of ~5.4k tokens at 16k vocab), which keeps CPU training affordable.
+    Any text still encodes (byte-level).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -101,13 +121,13 @@ def build_tiny_model(
     seed: int = 0,
     task_set: TaskSet | None = None,
 ) -> Path:
-    """Save a random tiny Qwen2 model and its tokenizer to ``out_dir`` (a few MB) and return it."""
+    """Save a random tiny Llama-architecture model and its tokenizer to ``out_dir`` (a few MB) and return it."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer(vocab_size, task_set)
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -120,7 +140,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True
     )

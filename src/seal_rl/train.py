@@ -41,11 +41,13 @@ from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.rollout import Budgets, DriverStats, HFGenerator, VLLMGenerator, run_episodes
-from seal_rl.tasks import TaskSet
+from seal_rl.sft import WarmStartConfig, build_samples, run_sft
+from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
 
 SEAL_STATE_FILE = "seal_state.json"
+VALIDATION_FILE = "validation.jsonl"
 
 
 # -- recipe ------------------------------------------------------------------------------------
@@ -119,6 +121,26 @@ class GRPOSettings:
 
 
 @dataclass
+class ValidationConfig:
+    """Greedy, strict validation during training, with the interface removed (evaluation mode)."""
+
+    every_rounds: int = 0
+    """validate after every N rounds, before the first round and after the last (0: never)"""
+    tasks: list[str] = field(default_factory=list)
+    """validation task ids; empty: ``holdout`` tasks of the training split not trained on (the test
+    split is used only if a recipe lists its tasks here)"""
+    holdout: int = 16
+    """size of the default validation set, drawn per category from the training split; when the
+    recipe trains on the whole split these tasks are removed from training"""
+    keep_best: bool = False
+    """save the model with the best validation success (average of category rates) to ``best/``"""
+
+    def __post_init__(self) -> None:
+        if self.every_rounds < 0 or self.holdout < 0:
+            raise SealError("eval.every_rounds and eval.holdout must be >= 0.")
+
+
+@dataclass
 class SealRecipe:
     """A training recipe: everything ``seal train`` needs, validated on load."""
 
@@ -138,6 +160,10 @@ class SealRecipe:
     """episodes played at once per rank"""
     generation_batch: int = 16
     """hf generator: sequences per generate() call"""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
+    eval: ValidationConfig = field(default_factory=ValidationConfig)
+    """validation during training"""
 
 
 def load_recipe(path: Path | None, overrides: Sequence[str] = ()) -> SealRecipe:
@@ -236,6 +262,7 @@ class SealLoop:
         *,
         is_main: bool = True,
         generator_factory: Any = None,
+        validation: Sequence[Task] = (),
     ) -> None:
         self.recipe = recipe
         self.task_set = task_set
@@ -258,6 +285,51 @@ class SealLoop:
         self.apatch_hook_calls = 0
         self._round_rollouts: list[dict[str, Any]] = []
         self._round_started = time.perf_counter()
+        self.validation = list(validation)
+        self.best_validation = _best_validation(out / VALIDATION_FILE)
+
+    # validation (greedy, strict, interface removed) -------------------------------------------
+
+    def validate(self, trainer: Any, round_index: int) -> dict[str, Any]:
+        """Play the validation tasks greedily under the evaluation interface; log and keep the best.
+
+        A collective: every rank plays its share of the tasks and the results are gathered.
+        """
+        from seal_rl.evaluate import summarize
+
+        began = time.perf_counter()
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        training = model.training
+        model.eval()
+        generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch)
+        rank, world = _rank(trainer), trainer.accelerator.num_processes
+        mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
+        rollouts = run_episodes(
+            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens(trainer.processing_class),
+            budgets=self.budgets, concurrency=self.recipe.concurrency, seed=hash_seed(self.recipe.grpo.seed, 0, rank),
+        )  # fmt: skip
+        model.train(training)
+        results = _gather(trainer, [{k: r.record[k] for k in ("index", "task_id", "category", "reward")} for r in rollouts])
+        results.sort(key=lambda r: r["index"])
+        summary = summarize(results)
+        line = {
+            "round": round_index, "step": trainer.state.global_step, "average": summary["average"],
+            "average_ci95": summary["average_ci95"], "overall": summary["overall"], "episodes": summary["episodes"],
+            "categories": summary["categories"], "tasks": {r["task_id"]: r["reward"] for r in results},
+            "seconds": round(time.perf_counter() - began, 2),
+        }  # fmt: skip
+        self.timing["validation"] += time.perf_counter() - began
+        best = self.recipe.eval.keep_best and (self.best_validation is None or line["average"] > self.best_validation)
+        if best:
+            self.best_validation = line["average"]
+            trainer.save_model(str(self.out / "best"))  # every rank: sharded models gather for the save
+        if self.is_main:
+            if best:
+                trainer.processing_class.save_pretrained(str(self.out / "best"))
+                (self.out / "best" / "validation.json").write_text(json.dumps(line, indent=1) + "\n")
+            with open(self.out / VALIDATION_FILE, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+        return line
 
     # rollout_func (TRL calls it with this process's prompts) --------------------------------
 
@@ -389,6 +461,9 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
         labels.update(row["labels"])
     total = sum(labels.values()) or 1
     weights = [row["apatch_weight"] for row in rows] or [1.0]
+    groups: dict[str, set[float]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], set()).add(row["reward"])
     seconds = {k: round(v, 4) for k, v in timing.items()}
     return {
         "round": round_index,
@@ -396,6 +471,7 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
         "rollout/reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows)),
         "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
         "rollout/episodes": len(rows),
+        "rollout/groups_zero_variance": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
         "labels/share": {k: v / total for k, v in sorted(labels.items())},
         "apatch/scale_mean": sum(weights) / len(weights),
         "apatch/scale_min": min(weights),
@@ -487,9 +563,38 @@ def _seal_callback(loop: SealLoop):
     return SealStateCallback()
 
 
+def _validation_callback(loop: SealLoop, trainer: Any, updates_per_round: int, every_rounds: int):
+    from transformers import TrainerCallback
+
+    class ValidationCallback(TrainerCallback):
+        """Validates before training, after every ``every_rounds`` rounds and after the last round."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                loop.validate(trainer, 0)
+            return control
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % updates_per_round == 0:
+                round_index = state.global_step // updates_per_round
+                if round_index % every_rounds == 0 or state.global_step >= state.max_steps:
+                    loop.validate(trainer, round_index)
+            return control
+
+    return ValidationCallback()
+
+
+def _best_validation(path: Path) -> float | None:
+    """The best validation average logged so far (a resumed run keeps choosing against it)."""
+    if not path.exists():
+        return None
+    values = [json.loads(line)["average"] for line in path.read_text().splitlines() if line.strip()]
+    return max(values) if values else None
+
+
 def _drop_logs_after(out: Path, round_index: int) -> None:
     """Keep only log lines of rounds up to ``round_index`` (those the checkpoint has seen)."""
-    for name in ("metrics.jsonl", "trajectories.jsonl"):
+    for name in ("metrics.jsonl", "trajectories.jsonl", VALIDATION_FILE):
         path = out / name
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if json.loads(line)["round"] <= round_index]
@@ -505,6 +610,69 @@ def latest_checkpoint(run_dir: Path) -> Path:
     if not candidates:
         raise SealError(f"No checkpoint with SEAL state under {run_dir}/checkpoints; nothing to resume.")
     return candidates[-1]
+
+
+def scenario(task_id: str) -> str:
+    """The BFCL scenario of a task: the four categories of one number share their questions."""
+    return task_id.rsplit("_", 1)[1]
+
+
+def select_tasks(recipe: SealRecipe, task_set: TaskSet) -> tuple[list[Task], list[Task]]:
+    """The training tasks and the validation tasks of a recipe.
+
+    Validation defaults to ``eval.holdout`` tasks of the training split, spread over categories,
+    from scenarios not trained on; when training covers every scenario of the split, those
+    scenarios are held out of training. The test split is never used unless ``eval.tasks`` names it.
+    """
+    ids = recipe.data.task_ids or None
+    tasks = task_set.select(recipe.data.split, recipe.data.categories or None, ids)
+    if recipe.data.limit:
+        tasks = tasks[: recipe.data.limit]
+    v = recipe.eval
+    if v.tasks:
+        return tasks, [task_set.get(t) for t in v.tasks]
+    if not (v.every_rounds or v.keep_best) or not v.holdout:
+        return tasks, []
+    trained = {scenario(t.id) for t in tasks}
+    split = task_set.select("train", None, None)
+    pool = [t for t in split if scenario(t.id) not in trained]
+    held_out = _spread(pool or tasks, v.holdout, recipe.grpo.seed)
+    if not pool:  # training covers the split: hold these scenarios out of training
+        removed = {scenario(t.id) for t in held_out}
+        tasks = [t for t in tasks if scenario(t.id) not in removed]
+    return tasks, held_out
+
+
+def _spread(pool: Sequence[Task], n: int, seed: int) -> list[Task]:
+    """``n`` tasks of ``pool``, round-robin over categories, each category in a seeded order."""
+    import zlib
+
+    by_category: dict[str, list[Task]] = {}
+    for task in sorted(pool, key=lambda t: zlib.crc32(f"{seed}:{t.id}".encode())):
+        by_category.setdefault(task.category, []).append(task)
+    chosen: list[Task] = []
+    while len(chosen) < n and any(by_category.values()):
+        for queue in by_category.values():
+            if queue and len(chosen) < n:
+                chosen.append(queue.pop(0))
+    return sorted(chosen, key=lambda t: (t.category, int(scenario(t.id))))
+
+
+def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence[Task], base_model: str) -> Path:
+    """SFT ``base_model`` on the recipe's warm-start sources into ``out`` (model in ``out/model``).
+
+    Samples are played under the recipe's environment and budgets and every preset of
+    ``warm_start.interfaces`` (see :mod:`seal_rl.sft`); ``out/samples.json`` says what was kept.
+    """
+    from transformers import AutoTokenizer
+
+    ws = recipe.warm_start
+    samples, summary = build_samples(ws.data, tasks, task_set, AutoTokenizer.from_pretrained(base_model),
+                                     EnvConfig(**recipe.env), Budgets(**recipe.budgets), ws.interfaces)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "samples.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return run_sft(base_model, samples, ws.sft, out, dtype=recipe.model.dtype,
+                   gradient_checkpointing=recipe.model.gradient_checkpointing)  # fmt: skip
 
 
 def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
@@ -539,10 +707,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     task_set = TaskSet.load()
-    ids = recipe.data.task_ids or None
-    tasks = task_set.select(recipe.data.split, recipe.data.categories or None, ids)
-    if recipe.data.limit:
-        tasks = tasks[: recipe.data.limit]
+    tasks, validation = select_tasks(recipe, task_set)
     if len(tasks) < recipe.grpo.tasks_per_step:
         raise SealError(f"{len(tasks)} tasks selected but tasks_per_step is {recipe.grpo.tasks_per_step}.")
 
@@ -560,9 +725,19 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         out.mkdir(parents=True, exist_ok=True)
         if resume is None and (out / "metrics.jsonl").exists():
             raise SealError(f"{out} already holds a training run; choose another --out or resume it with --resume {out}.")
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(recipe)))
+        resolved = OmegaConf.structured(recipe)
+        resolved.data.task_ids = [t.id for t in tasks]
+        resolved.eval.tasks = [t.id for t in validation]
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
     with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
         model_path = _prepare_model(recipe, out, task_set)
+    if recipe.warm_start.data:
+        if distributed.num_processes > 1:
+            raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
+                            "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
+        if not (out / "warm_start" / "model" / "config.json").exists():
+            warm_start(recipe, out / "warm_start", task_set, tasks, model_path)
+        model_path = str(out / "warm_start" / "model")
 
     g = recipe.grpo
     save_steps = g.save_steps or layout["updates_per_round"]
@@ -604,19 +779,22 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
 
-    loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory)
+    loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
     checkpoint = None
     if resume is not None:
         checkpoint = latest_checkpoint(resume)
         loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
         if is_main:
             _drop_logs_after(out, loop.state.round)
+        loop.best_validation = _best_validation(out / VALIDATION_FILE)
     trainer_class = make_trainer_class()
     trainer = trainer_class(
         model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
         rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
     )  # fmt: skip
     trainer.seal = loop
+    if validation and recipe.eval.every_rounds:
+        trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
     rounds_before = loop.state.round
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if loop.apatch_hook_calls != loop.state.round - rounds_before:
@@ -629,6 +807,30 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         tokenizer.save_pretrained(str(out / "model"))
     return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
             "apatch_hook_calls": loop.apatch_hook_calls}  # fmt: skip
+
+
+def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str, Any]:
+    """``seal sft``: the recipe's warm start alone (or with ``sources`` instead of ``warm_start.data``).
+
+    The model goes to ``out/model``; ``seal train --set model.path=OUT/model`` and
+    ``seal eval --policy hf:OUT/model`` take it.
+    """
+    import torch
+    from accelerate import PartialState
+
+    if PartialState(cpu=not torch.cuda.is_available()).num_processes > 1:
+        raise SealError("seal sft runs in one process; launch it without accelerate/torchrun.")
+    if sources:
+        recipe.warm_start.data = list(sources)
+    task_set = TaskSet.load()
+    tasks, _ = select_tasks(recipe, task_set)
+    out = Path(out)
+    if (out / "model" / "config.json").exists():
+        raise SealError(f"{out}/model already exists; choose another --out.")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(recipe)))
+    model = warm_start(recipe, out, task_set, tasks, _prepare_model(recipe, out, task_set))
+    return {"model": str(model), **json.loads((out / "samples.json").read_text()), **json.loads((out / "sft.json").read_text())}
 
 
 def recipe_fields() -> list[str]:

@@ -1,0 +1,288 @@
+"""Supervised warm start: fine-tune on multi-turn transcripts before RL, with TRL's ``SFTTrainer``.
+
+RL from a model that never succeeds learns nothing: every group has reward variance 0, so every
+advantage is 0. A warm start by supervised fine-tuning (SFT) on transcripts fixes that — on
+curated or filtered transcripts for a 7B model (rejection-sampling fine-tuning), or on
+oracle/faulty-oracle transcripts for the tiny CPU model of ``configs/learn-cpu.yaml``.
+
+Samples are built exactly as RL rollouts are: each transcript is *played* through the
+environment and the episode driver (:func:`seal_rl.rollout.run_episodes`) with the recipe's
+call format, prompt mode, interface and budgets, and the token-exact builder
+(:mod:`seal_rl.trajectory`) turns it into ``input_ids`` with an ``assistant_masks`` that is 1 on
+the assistant's tokens only (each message plus its end-of-message token). SFT and GRPO therefore
+train on identical tokens, and the loss covers assistant tokens only.
+
+Data sources (``--data`` on the command line, ``warm_start.data`` in a recipe):
+
+* ``oracle`` — the ground truth of the selected tasks;
+* ``oracle:faults=P,seed=S[,kinds=A+B][,turn=N]`` — the faulty oracle (:mod:`seal_rl.faults`);
+* ``replay:FILE`` — recorded assistant messages, one episode per JSONL line (as ``seal eval``);
+* ``run:DIR`` — the transcripts of a ``seal eval`` run directory.
+
+``successful_only`` keeps only episodes whose replayed reward is 1 (rejection-sampling
+fine-tuning); ``repeat`` duplicates a source's samples (mixing weights); ``tasks`` restricts a
+source to some tasks. Every transcript is rendered under each interface preset listed in
+``warm_start.interfaces`` (by default only ``vanilla``, the evaluation interface), so that a model
+trained with a training-time interface has also seen its prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.errors import SealError
+from seal_rl.interface import Interface, InterfaceState
+from seal_rl.policies import Episode, OraclePolicy, ReplayPolicy, ScriptedAgent, parse_policy
+from seal_rl.rollout import Budgets, Generation, Request, run_episodes
+from seal_rl.tasks import Task, TaskSet
+from seal_rl.tools import ToolCatalog
+from seal_rl.trajectory import ChatTokens
+
+
+@dataclass
+class SFTSource:
+    """One source of warm-start transcripts."""
+
+    source: str = MISSING
+    """``oracle`` | ``oracle:faults=P,seed=S[,kinds=A+B][,turn=N]`` | ``replay:FILE`` | ``run:DIR``"""
+    tasks: list[str] = field(default_factory=list)
+    """only these task ids (empty: oracle sources play the recipe's tasks; files keep every episode)"""
+    repeat: int = 1
+    """copies of each sample (relative weight of this source in the mix)"""
+    successful_only: bool = False
+    """keep only episodes whose replayed reward is 1 (rejection-sampling fine-tuning)"""
+
+
+@dataclass
+class SFTSettings:
+    """SFT hyper-parameters, passed to TRL's ``SFTConfig``."""
+
+    learning_rate: float = 1e-5
+    lr_scheduler_type: str = "constant_with_warmup"
+    warmup_steps: int = 0
+    num_train_epochs: float = 2.0
+    max_steps: int = -1
+    """optimizer steps; -1: from epochs"""
+    per_device_train_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    weight_decay: float = 0.0
+    seed: int = 0
+    bf16: bool = False
+    logging_steps: int = 5
+    report_to: list[str] = field(default_factory=lambda: ["none"])
+    extra: dict[str, Any] = field(default_factory=dict)
+    """any other ``SFTConfig`` field, passed through unchanged"""
+
+
+@dataclass
+class WarmStartConfig:
+    """The supervised warm start ``seal train`` runs before RL when ``data`` is not empty."""
+
+    data: list[SFTSource] = field(default_factory=list)
+    """transcript sources; empty: no warm start (train ``model.path`` as it is)"""
+    interfaces: list[str] = field(default_factory=lambda: ["vanilla"])
+    """interface presets (Ω_0 in training mode) to render every transcript under"""
+    sft: SFTSettings = field(default_factory=SFTSettings)
+
+
+# -- transcripts -------------------------------------------------------------------------------
+
+
+def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+    """The scripted episodes of one source (before filtering by reward)."""
+    spec = source.source
+    kind, _, rest = spec.partition(":")
+    if kind == "run":
+        episodes = _run_episodes(Path(rest), task_set)
+    else:
+        try:
+            policy = parse_policy(spec)
+        except SealError as exc:
+            raise SealError(f"Bad warm-start source {spec!r}: {exc}") from None
+        if not isinstance(policy, (OraclePolicy, ReplayPolicy)):
+            raise SealError(f"Warm-start source {spec!r} is not a transcript source; use oracle, oracle:faults=..., "
+                            "replay:FILE or run:DIR (a `seal eval` run directory).")  # fmt: skip
+        selected = [task_set.get(t) for t in source.tasks] if source.tasks and policy.selects_tasks else tasks
+        episodes = policy.episodes(selected, task_set, call_format)
+    if source.tasks and not (kind == "oracle"):
+        wanted = set(source.tasks)
+        episodes = [e for e in episodes if e.task.id in wanted]
+    return episodes
+
+
+def _run_episodes(run_dir: Path, task_set: TaskSet) -> list[Episode]:
+    from seal_rl.evaluate import read_results
+
+    if not str(run_dir):
+        raise SealError("run: needs a directory written by `seal eval`: --data run:runs/my-eval")
+    episodes = []
+    for record in read_results(run_dir):
+        messages = [m["content"] for m in record.get("messages", []) if m.get("role") == "assistant"]
+        episodes.append(Episode(len(episodes) + 1, task_set.get(record["task_id"]), ScriptedAgent(messages)))
+    return episodes
+
+
+class TranscriptGenerator:
+    """Plays scripted messages as a model would emit them: the message's tokens plus end-of-message.
+
+    The token-exact builder then keeps the end-of-message token on the assistant side, so the
+    warm-started model learns to stop where the transcript stops.
+    """
+
+    def __init__(self, agents: dict[int, Any], chat: ChatTokens, eos_id: int) -> None:
+        self.agents, self.chat, self.eos_id = agents, chat, eos_id
+
+    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
+        out: list[Generation | None] = []
+        for request in requests:
+            text = self.agents[request.episode].act(request.observation, request.info)
+            out.append(None if text is None else Generation(text, self.chat.encode(text) + [self.eos_id]))
+        return out
+
+
+def build_samples(
+    sources: Sequence[SFTSource],
+    tasks: Sequence[Task],
+    task_set: TaskSet,
+    tokenizer: Any,
+    env_config: EnvConfig,
+    budgets: Budgets,
+    interfaces: Sequence[str] = ("vanilla",),
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Token-exact SFT samples (``input_ids``, ``assistant_masks``) and a summary of what was kept.
+
+    Each source's transcripts are played under every interface preset in ``interfaces``; an
+    episode is dropped when ``successful_only`` and its reward is not 1, when the opening prompt
+    exceeds the prompt budget, or when it has no assistant token.
+    """
+    if not sources:
+        raise SealError("No warm-start data: give at least one source (--data oracle, --data run:DIR, ...).")
+    chat = ChatTokens(tokenizer)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise SealError("The tokenizer has no eos_token; SFT needs it to end assistant messages.")
+    catalog = ToolCatalog()
+    samples: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    for source in sources:
+        if source.repeat < 1:
+            raise SealError(f"repeat must be at least 1 for source {source.source!r}, got {source.repeat}.")
+        episodes = source_episodes(source, tasks, task_set, env_config.call_format)
+        for preset in interfaces:
+            interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset),
+                                  call_format=env_config.call_format, catalog=catalog)  # fmt: skip
+            # Fresh agents for every rendering: scripted agents are consumed as they play.
+            agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
+            rollouts = run_episodes(
+                [(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat, eos),
+                lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat, budgets=budgets, concurrency=64,
+            )  # fmt: skip
+            for rollout in rollouts:
+                trajectory, record = rollout.trajectory, rollout.record
+                if source.successful_only and record["reward"] != 1.0:
+                    dropped["unsuccessful"] += 1
+                    continue
+                if record["end_reason"] == "prompt_budget" or not any(trajectory.env_mask):
+                    dropped[record["end_reason"] if record["end_reason"] == "prompt_budget" else "no_assistant_tokens"] += 1
+                    continue
+                sample = {
+                    "input_ids": trajectory.prompt_ids + trajectory.completion_ids,
+                    "assistant_masks": [0] * len(trajectory.prompt_ids) + trajectory.env_mask,
+                    "task_id": record["task_id"],
+                    "source": source.source,
+                    "interface": preset,
+                    "reward": record["reward"],
+                }
+                samples += [sample] * source.repeat
+                kept[source.source] += source.repeat
+    if not samples:
+        raise SealError(f"The warm-start sources gave no usable sample (dropped: {dict(dropped)}).")
+    summary = {
+        "samples": len(samples),
+        "by_source": dict(kept),
+        "dropped": dict(dropped),
+        "interfaces": list(interfaces),
+        "tokens": sum(len(s["input_ids"]) for s in samples),
+        "assistant_tokens": sum(sum(s["assistant_masks"]) for s in samples),
+        "success_rate": sum(s["reward"] for s in samples) / len(samples),
+    }
+    return samples, summary
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def run_sft(
+    model_path: str | Path,
+    samples: Sequence[dict[str, Any]],
+    settings: SFTSettings,
+    out: Path,
+    *,
+    dtype: str = "auto",
+    gradient_checkpointing: bool = False,
+) -> Path:
+    """Fine-tune ``model_path`` on ``samples`` with TRL's ``SFTTrainer``; the model goes to ``out/model``.
+
+    The loss is the mean negative log-likelihood of the assistant tokens (``assistant_masks``).
+    ``out/sft_log.jsonl`` has TRL's log lines (loss, learning rate, gradient norm per logging step).
+    """
+    import os
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    torch_dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
+    dataset = Dataset.from_list([{"input_ids": s["input_ids"], "assistant_masks": s["assistant_masks"]} for s in samples])
+    args = SFTConfig(
+        output_dir=str(out / "checkpoints"),
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type=settings.lr_scheduler_type,
+        warmup_steps=settings.warmup_steps,
+        num_train_epochs=settings.num_train_epochs,
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.per_device_train_batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        weight_decay=settings.weight_decay,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        bf16=settings.bf16,
+        logging_steps=settings.logging_steps,
+        report_to=settings.report_to,
+        save_strategy="no",
+        max_length=None,
+        activation_checkpointing=gradient_checkpointing,
+        use_cpu=not torch.cuda.is_available(),
+        dataset_num_proc=None,
+        **settings.extra,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    began = time.perf_counter()
+    trainer.train()
+    with open(out / "sft_log.jsonl", "w", encoding="utf-8") as handle:
+        for line in trainer.state.log_history:
+            handle.write(json.dumps(line) + "\n")
+    trainer.save_model(str(out / "model"))
+    tokenizer.save_pretrained(str(out / "model"))
+    losses = [line["loss"] for line in trainer.state.log_history if "loss" in line]
+    (out / "sft.json").write_text(json.dumps({
+        "steps": trainer.state.global_step, "seconds": round(time.perf_counter() - began, 1),
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+    }, indent=1) + "\n")  # fmt: skip
+    return out / "model"
