@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-learning clean
 
 install: $(STAMP)
 
@@ -17,23 +17,30 @@ $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-DEMO_TASKS := multi_turn_base_1,multi_turn_miss_func_1,multi_turn_miss_param_1,multi_turn_long_context_1
+DEMO_TASKS := multi_turn_base_100,multi_turn_base_38
 
-# The closed loop on one CPU: SEAL-train a tiny random model (2 rounds), evaluate it strictly on
-# four test tasks, and print the failure profile of that evaluation.
+# Learning on one CPU in a few minutes: build a tiny model, warm-start it by SFT, train it with SEAL's
+# closed loop (configs/demo-cpu.yaml), evaluate the warm start and the result strictly on the training
+# tasks, compare them, print the failure profile and write both reports.
 demo: install
 	rm -rf runs/demo
-	$(BIN)/seal train --config configs/smoke-cpu.yaml --out runs/demo/train
-	$(BIN)/seal eval --policy hf:runs/demo/train/model --tasks $(DEMO_TASKS) --max-new-tokens 24 --out runs/demo/eval
+	$(BIN)/seal train --config configs/demo-cpu.yaml --out runs/demo/train
+	$(BIN)/seal eval --policy hf:runs/demo/train/warm_start/model --split train --tasks $(DEMO_TASKS) --max-new-tokens 128 --out runs/demo/eval-warm-start
+	$(BIN)/seal eval --policy hf:runs/demo/train/model --split train --tasks $(DEMO_TASKS) --max-new-tokens 128 --out runs/demo/eval
+	$(BIN)/seal compare runs/demo/eval-warm-start runs/demo/eval
 	$(BIN)/seal diagnose runs/demo/eval
 	$(BIN)/seal report runs/demo/train
 	$(BIN)/seal report runs/demo/eval
 
 test: install
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
+bench-learning: install
+	$(BIN)/python benchmarks/bench_learning.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
