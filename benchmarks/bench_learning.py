@@ -42,7 +42,7 @@ from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.policies import ModelPolicy
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import TaskSet
-from seal_rl.train import load_recipe, select_tasks, sft, train
+from seal_rl.train import load_recipe, read_metrics, select_tasks, sft, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "learn-cpu.yaml"
@@ -119,8 +119,7 @@ def main() -> None:
                 recipe = load_recipe(RECIPE, [f"model.path={warm / 'model'}", "warm_start.data=[]", f"grpo.seed={seed}",
                                               *arm_overrides(arm)])  # fmt: skip
                 train(recipe, run)
-            metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            validation = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+            metrics, validation = read_metrics(run, "rollout"), read_metrics(run, "validation")
             final_train = strict_eval(run / "model", train_tasks, args.out / "evals" / f"{arm}-seed{seed}-train", max_new)
             final_held = strict_eval(run / "model", held_out, args.out / "evals" / f"{arm}-seed{seed}-held_out", max_new)
             pooled_train += [{**r, "sample": seed} for r in final_train]
@@ -129,7 +128,7 @@ def main() -> None:
                 "seed": seed,
                 "rollout_success": [m["rollout/reward_mean"] for m in metrics],
                 "zero_variance_groups": [m["rollout/groups_zero_variance"] for m in metrics],
-                "validation": [v["average"] for v in validation],
+                "validation": [v["validation/average"] for v in validation],
                 "final_train": rate(final_train)[0],
                 "final_held_out": rate(final_held)[0],
             })  # fmt: skip

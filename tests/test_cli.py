@@ -81,6 +81,14 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["serve", "--workers", "0"], "workers: Input should be greater than or equal to 1"),
         (["serve", "--token", "short"], "token must be at least 16 characters"),
         (["eval", "-p", "vllm:{tmp}/model", "--tasks", "multi_turn_base_0", "--out", "{tmp}/o"], "vllm: needs the vllm package and a GPU"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--out", "{tmp}/s"], "No transcripts to learn from: give --data"),
+        (["sft", "--config", "{tmp}/none.yaml", "--data", "oracle", "--out", "{tmp}/s"], "none.yaml does not exist; see configs/"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "nonsense", "--out", "{tmp}/s"], "Bad warm-start source 'nonsense'"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "hf:{tmp}/model", "--out", "{tmp}/s"], "is not a transcript source"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "run:{tmp}/nowhere", "--out", "{tmp}/s"], "not a `seal eval` run directory"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "replay:{tmp}/none.jsonl", "--out", "{tmp}/s"], "does not exist"),
+        (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "oracle:faults=1,kinds=typo", "--out", "{tmp}/s"], "Unknown fault kind(s) typo"),
+        (["eval", "-p", "oracle:faults=0.5,turn=last", "--out", "{tmp}"], "seed and turn integers"),
     ],
 )
 def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, tmp_path, args, message):

@@ -92,3 +92,22 @@ def test_a_tasks_faults_do_not_depend_on_other_tasks(task_set):
         for seed in (1, 2)
     }
     assert by_seed[1] != by_seed[2]
+
+
+def test_kinds_and_turn_restrict_where_and_which_faults_are_injected(task_set):
+    from seal_rl.policies import OraclePolicy, parse_policy
+
+    fmt = get_format("hermes")
+    for task in list(task_set)[::25]:
+        calls = ground_truth_calls(task)
+        _, faults = oracle_transcript(task, calls, fmt, 1.0, seed=2, kinds=("plain_text", "wrong_value"))
+        assert {f.type for f in faults} <= {"plain_text", "wrong_value"}
+        assert [f.turn for f in faults] == [t for t, c in enumerate(calls) if c]  # abstain turns admit neither kind
+        messages, faults = oracle_transcript(task, calls, fmt, 1.0, seed=2, turn=-1)
+        assert [f.turn for f in faults] == [len(calls) - 1]
+        untouched, _ = oracle_transcript(task, calls, fmt, 0.0)
+        prefix = sum(2 if c else 1 for c in calls[:-1])  # the oracle's messages before the last turn
+        assert messages[:prefix] == untouched[:prefix]
+    policy = parse_policy("oracle:faults=1,seed=3,kinds=plain_text+wrong_value,turn=-1")
+    assert policy == OraclePolicy(1.0, 3, ("plain_text", "wrong_value"), -1)
+    assert parse_policy(policy.name) == policy

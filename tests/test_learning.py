@@ -18,7 +18,7 @@ import torch
 from seal_rl.env import EnvConfig
 from seal_rl.rollout import Budgets
 from seal_rl.sft import SFTSource, build_samples
-from seal_rl.train import load_recipe, train
+from seal_rl.train import load_recipe, read_metrics, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["multi_turn_base_100", "multi_turn_base_38"]
@@ -111,13 +111,15 @@ def test_apatch_weights_shift_the_update_toward_the_failures_they_weigh_up(learn
 
 def test_validation_is_logged_greedy_and_keeps_the_best(learned):
     out = learned[0]
-    lines = _jsonl(out / "validation.jsonl")
+    lines = read_metrics(out, "validation")
     assert [v["round"] for v in lines] == [0, 3, 6]  # before training, then every 3 rounds (6 rounds of one step)
+    assert [m["round"] for m in read_metrics(out, "rollout")] == [1, 2, 3, 4, 5, 6]
     for line in lines:
-        assert line["episodes"] == len(TASKS) and set(line["tasks"]) == set(TASKS)
-        assert 0.0 <= line["average_ci95"][0] <= line["average"] <= line["average_ci95"][1] <= 1.0
+        assert line["validation/episodes"] == len(TASKS) and set(line["validation/tasks"]) == set(TASKS)
+        low, high = line["validation/average_ci95"]
+        assert 0.0 <= low <= line["validation/average"] <= high <= 1.0
     best = json.loads((out / "best" / "validation.json").read_text())
-    assert best["average"] == max(v["average"] for v in lines)
+    assert best["validation/average"] == max(v["validation/average"] for v in lines)
     assert (out / "best" / "config.json").exists() and (out / "best" / "tokenizer.json").exists()
     config = (out / "config.yaml").read_text()
     assert "multi_turn_base_100" in config and "holdout" in config
@@ -142,3 +144,26 @@ def test_sft_learns_its_transcripts_and_masks_only_assistant_tokens(tiny_model_d
     log = _jsonl(tmp_path / "sft" / "sft_log.jsonl")
     losses = [line["loss"] for line in log if "loss" in line]
     assert losses[-1] < losses[0] / 3
+
+
+def test_seal_sft_on_an_eval_run_keeps_only_successful_episodes(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Rejection-sampling fine-tuning through the command line: `seal eval` a faulty oracle, then
+    `seal sft --data run:DIR --only-successful`; the output model loads and evaluates."""
+    from tests.test_cli import run_cli
+
+    tasks = "multi_turn_base_100,multi_turn_base_38,multi_turn_miss_param_105,multi_turn_long_context_3"
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "-p", "oracle:faults=0.5,seed=4", "--tasks", tasks, "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    rewards = [r["reward"] for r in _jsonl(tmp_path / "run" / "results.jsonl")]
+    assert 0 < sum(rewards) < len(rewards)
+    code, out, err = run_cli(
+        monkeypatch, capsys, "sft", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"), "--set", f"model.path={tiny_model_dir}",
+        "--set", "warm_start.sft.max_steps=2", "--set", "budgets.max_completion_tokens=4096", "--data", f"run:{tmp_path / 'run'}", "--only-successful", "--out", str(tmp_path / "sft"),
+    )  # fmt: skip
+    assert code == 0, err
+    summary = json.loads((tmp_path / "sft" / "samples.json").read_text())
+    assert summary["samples"] == sum(rewards) and summary["dropped"] == {"unsuccessful": len(rewards) - sum(rewards)}
+    assert summary["success_rate"] == 1.0 and "model:" in out
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "-p", f"hf:{tmp_path / 'sft' / 'model'}", "--tasks", "multi_turn_base_100",
+                           "--max-new-tokens", "8", "--out", str(tmp_path / "eval"))  # fmt: skip
+    assert code == 0, err

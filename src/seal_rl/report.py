@@ -8,7 +8,7 @@ tool is HTML-escaped: model output is hostile input.
   profile, and a trajectory browser (per episode: each turn's question, messages, calls,
   observations, label and evidence), filterable by category, label and outcome.
 * Training runs (``metrics.jsonl``): rollout success per category over rounds with interval
-  bands, the in-training validation (``validation.jsonl``; or ``seal eval`` runs of checkpoints in ``RUN/validation/step_N/``), the
+  bands, the in-training validation (``kind: validation`` lines; or ``seal eval`` runs of checkpoints in ``RUN/validation/step_N/``), the
   label distribution over rounds, a timeline of active interface components, the A-Patch label
   weights over rounds, reward and A-Patch scale distributions, and where the time went.
 """
@@ -241,11 +241,12 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _validation(run_dir: Path) -> tuple[str, dict[int, dict[str, Any]]]:
-    """Validation points: the in-training validation (``validation.jsonl``, by round) or else
-    summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/ (by step)."""
-    logged = _jsonl(run_dir / "validation.jsonl")
+    """Validation points: the in-training validation (``metrics.jsonl`` lines of kind ``validation``,
+    by round) or else summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/
+    (by optimizer step)."""
+    logged = [m for m in _jsonl(run_dir / "metrics.jsonl") if m.get("kind") == "validation"]
     if logged:
-        return "round", {line["round"]: line for line in logged}
+        return "round", {m["round"]: {key.removeprefix("validation/"): value for key, value in m.items()} for m in logged}
     return "optimizer step", _checkpoint_evaluations(run_dir)
 
 
@@ -260,7 +261,7 @@ def _checkpoint_evaluations(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def training_report(run_dir: Path) -> str:
-    metrics = _jsonl(run_dir / "metrics.jsonl")
+    metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if m.get("kind", "rollout") == "rollout"]
     if not metrics:
         raise SealError(f"{run_dir}/metrics.jsonl has no rounds yet.")
     rows = _jsonl(run_dir / "trajectories.jsonl")

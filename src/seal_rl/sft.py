@@ -48,6 +48,9 @@ from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
 
 
+TRUNCATIONS = ("prompt_budget", "completion_budget", "max_model_calls")
+
+
 @dataclass
 class SFTSource:
     """One source of warm-start transcripts."""
@@ -97,23 +100,37 @@ class WarmStartConfig:
 # -- transcripts -------------------------------------------------------------------------------
 
 
-def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-    """The scripted episodes of one source (before filtering by reward)."""
+def check_source(source: SFTSource) -> OraclePolicy | ReplayPolicy | Path:
+    """Fail early, with a one-line reason, on a source that cannot give transcripts."""
     spec = source.source
+    if source.repeat < 1:
+        raise SealError(f"repeat must be at least 1 for warm-start source {spec!r}, got {source.repeat}.")
     kind, _, rest = spec.partition(":")
     if kind == "run":
-        episodes = _run_episodes(Path(rest), task_set)
+        if not rest or not (Path(rest) / "results.jsonl").is_file():
+            raise SealError(f"Warm-start source {spec!r}: not a `seal eval` run directory (no results.jsonl in {rest or '?'}).")
+        return Path(rest)
+    try:
+        policy = parse_policy(spec)
+    except SealError as exc:
+        raise SealError(f"Bad warm-start source {spec!r}: {exc}") from None
+    if not isinstance(policy, (OraclePolicy, ReplayPolicy)):
+        raise SealError(f"Warm-start source {spec!r} is not a transcript source; use oracle, oracle:faults=..., "
+                        "replay:FILE or run:DIR (a `seal eval` run directory).")  # fmt: skip
+    if isinstance(policy, ReplayPolicy) and not policy.path.is_file():
+        raise SealError(f"Warm-start source {spec!r}: replay file {policy.path} does not exist.")
+    return policy
+
+
+def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+    """The scripted episodes of one source (before filtering by reward)."""
+    checked = check_source(source)
+    if isinstance(checked, Path):
+        episodes = _run_episodes(checked, task_set)
     else:
-        try:
-            policy = parse_policy(spec)
-        except SealError as exc:
-            raise SealError(f"Bad warm-start source {spec!r}: {exc}") from None
-        if not isinstance(policy, (OraclePolicy, ReplayPolicy)):
-            raise SealError(f"Warm-start source {spec!r} is not a transcript source; use oracle, oracle:faults=..., "
-                            "replay:FILE or run:DIR (a `seal eval` run directory).")  # fmt: skip
-        selected = [task_set.get(t) for t in source.tasks] if source.tasks and policy.selects_tasks else tasks
-        episodes = policy.episodes(selected, task_set, call_format)
-    if source.tasks and not (kind == "oracle"):
+        selected = [task_set.get(t) for t in source.tasks] if source.tasks and checked.selects_tasks else tasks
+        episodes = checked.episodes(selected, task_set, call_format)
+    if source.tasks and not isinstance(checked, OraclePolicy):
         wanted = set(source.tasks)
         episodes = [e for e in episodes if e.task.id in wanted]
     return episodes
@@ -122,10 +139,10 @@ def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet,
 def _run_episodes(run_dir: Path, task_set: TaskSet) -> list[Episode]:
     from seal_rl.evaluate import read_results
 
-    if not str(run_dir):
-        raise SealError("run: needs a directory written by `seal eval`: --data run:runs/my-eval")
     episodes = []
     for record in read_results(run_dir):
+        if record.get("error"):  # a generation error is not a transcript
+            continue
         messages = [m["content"] for m in record.get("messages", []) if m.get("role") == "assistant"]
         episodes.append(Episode(len(episodes) + 1, task_set.get(record["task_id"]), ScriptedAgent(messages)))
     return episodes
@@ -160,9 +177,10 @@ def build_samples(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Token-exact SFT samples (``input_ids``, ``assistant_masks``) and a summary of what was kept.
 
-    Each source's transcripts are played under every interface preset in ``interfaces``; an
-    episode is dropped when ``successful_only`` and its reward is not 1, when the opening prompt
-    exceeds the prompt budget, or when it has no assistant token.
+    Each source's transcripts are played under every interface preset in ``interfaces`` with the
+    recipe's budgets (a transcript longer than the budgets is cut as a rollout would be); an
+    episode is dropped when ``successful_only`` and its replayed reward is not 1, when the opening
+    prompt exceeds the prompt budget, or when it has no assistant token. ``dropped`` counts why.
     """
     if not sources:
         raise SealError("No warm-start data: give at least one source (--data oracle, --data run:DIR, ...).")
@@ -175,8 +193,6 @@ def build_samples(
     dropped: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     for source in sources:
-        if source.repeat < 1:
-            raise SealError(f"repeat must be at least 1 for source {source.source!r}, got {source.repeat}.")
         episodes = source_episodes(source, tasks, task_set, env_config.call_format)
         for preset in interfaces:
             interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset),
@@ -189,11 +205,12 @@ def build_samples(
             )  # fmt: skip
             for rollout in rollouts:
                 trajectory, record = rollout.trajectory, rollout.record
+                cut = record["end_reason"] in TRUNCATIONS
                 if source.successful_only and record["reward"] != 1.0:
-                    dropped["unsuccessful"] += 1
+                    dropped[record["end_reason"] if cut else "unsuccessful"] += 1  # say when a budget cut it
                     continue
                 if record["end_reason"] == "prompt_budget" or not any(trajectory.env_mask):
-                    dropped[record["end_reason"] if record["end_reason"] == "prompt_budget" else "no_assistant_tokens"] += 1
+                    dropped[record["end_reason"] if cut else "no_assistant_tokens"] += 1
                     continue
                 sample = {
                     "input_ids": trajectory.prompt_ids + trajectory.completion_ids,

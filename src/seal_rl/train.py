@@ -41,13 +41,13 @@ from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.rollout import Budgets, DriverStats, HFGenerator, VLLMGenerator, run_episodes
-from seal_rl.sft import WarmStartConfig, build_samples, run_sft
+from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
 
 SEAL_STATE_FILE = "seal_state.json"
-VALIDATION_FILE = "validation.jsonl"
+METRICS_FILE = "metrics.jsonl"
 
 
 # -- recipe ------------------------------------------------------------------------------------
@@ -191,6 +191,10 @@ def validate(recipe: SealRecipe) -> None:
     """Check what spans several fields; build every sub-config so its own checks run too."""
     EnvConfig(**recipe.env)
     Budgets(**recipe.budgets)
+    for source in recipe.warm_start.data:
+        check_source(source)
+    for preset in recipe.warm_start.interfaces:
+        InterfaceState.initial(preset)
     InterfaceConfig(**recipe.interface)
     ApatchConfig(**recipe.apatch)
     g = recipe.grpo
@@ -286,7 +290,7 @@ class SealLoop:
         self._round_rollouts: list[dict[str, Any]] = []
         self._round_started = time.perf_counter()
         self.validation = list(validation)
-        self.best_validation = _best_validation(out / VALIDATION_FILE)
+        self.best_validation = _best_validation(out)
 
     # validation (greedy, strict, interface removed) -------------------------------------------
 
@@ -313,21 +317,25 @@ class SealLoop:
         results.sort(key=lambda r: r["index"])
         summary = summarize(results)
         line = {
-            "round": round_index, "step": trainer.state.global_step, "average": summary["average"],
-            "average_ci95": summary["average_ci95"], "overall": summary["overall"], "episodes": summary["episodes"],
-            "categories": summary["categories"], "tasks": {r["task_id"]: r["reward"] for r in results},
-            "seconds": round(time.perf_counter() - began, 2),
+            "round": round_index, "step": trainer.state.global_step, "kind": "validation",
+            "validation/average": summary["average"], "validation/average_ci95": summary["average_ci95"],
+            "validation/overall": summary["overall"], "validation/episodes": summary["episodes"],
+            "validation/categories": summary["categories"], "validation/tasks": {r["task_id"]: r["reward"] for r in results},
+            "validation/seconds": round(time.perf_counter() - began, 2),
         }  # fmt: skip
-        self.timing["validation"] += time.perf_counter() - began
-        best = self.recipe.eval.keep_best and (self.best_validation is None or line["average"] > self.best_validation)
+        elapsed = time.perf_counter() - began
+        self.timing["validation"] += elapsed
+        self._round_started += elapsed  # not optimisation time
+        average = line["validation/average"]
+        best = self.recipe.eval.keep_best and (self.best_validation is None or average > self.best_validation)
         if best:
-            self.best_validation = line["average"]
+            self.best_validation = average
             trainer.save_model(str(self.out / "best"))  # every rank: sharded models gather for the save
         if self.is_main:
             if best:
                 trainer.processing_class.save_pretrained(str(self.out / "best"))
                 (self.out / "best" / "validation.json").write_text(json.dumps(line, indent=1) + "\n")
-            with open(self.out / VALIDATION_FILE, "a", encoding="utf-8") as handle:
+            with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
         return line
 
@@ -447,7 +455,7 @@ class SealLoop:
                        indent=1) + "\n"  # fmt: skip
         )
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics) + "\n")
 
 
@@ -468,6 +476,7 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
     return {
         "round": round_index,
         "step": step,
+        "kind": "rollout",
         "rollout/reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows)),
         "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
         "rollout/episodes": len(rows),
@@ -584,17 +593,24 @@ def _validation_callback(loop: SealLoop, trainer: Any, updates_per_round: int, e
     return ValidationCallback()
 
 
-def _best_validation(path: Path) -> float | None:
-    """The best validation average logged so far (a resumed run keeps choosing against it)."""
+def read_metrics(run_dir: Path, kind: str = "rollout") -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` lines of one kind: ``rollout`` (one per round) or ``validation``."""
+    path = Path(run_dir) / METRICS_FILE
     if not path.exists():
-        return None
-    values = [json.loads(line)["average"] for line in path.read_text().splitlines() if line.strip()]
+        return []
+    lines = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [line for line in lines if line.get("kind", "rollout") == kind]
+
+
+def _best_validation(run_dir: Path) -> float | None:
+    """The best validation average logged so far (a resumed run keeps choosing against it)."""
+    values = [line["validation/average"] for line in read_metrics(run_dir, "validation")]
     return max(values) if values else None
 
 
 def _drop_logs_after(out: Path, round_index: int) -> None:
     """Keep only log lines of rounds up to ``round_index`` (those the checkpoint has seen)."""
-    for name in ("metrics.jsonl", "trajectories.jsonl", VALIDATION_FILE):
+    for name in (METRICS_FILE, "trajectories.jsonl"):
         path = out / name
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if json.loads(line)["round"] <= round_index]
@@ -786,7 +802,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
         if is_main:
             _drop_logs_after(out, loop.state.round)
-        loop.best_validation = _best_validation(out / VALIDATION_FILE)
+        loop.best_validation = _best_validation(out)
     trainer_class = make_trainer_class()
     trainer = trainer_class(
         model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
@@ -822,6 +838,8 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
         raise SealError("seal sft runs in one process; launch it without accelerate/torchrun.")
     if sources:
         recipe.warm_start.data = list(sources)
+    for source in recipe.warm_start.data:
+        check_source(source)
     task_set = TaskSet.load()
     tasks, _ = select_tasks(recipe, task_set)
     out = Path(out)
