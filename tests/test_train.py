@@ -53,7 +53,13 @@ def loss_inputs():
 
     def recording(self, model, inputs):
         seen.append(inputs["advantages"].detach().flatten().tolist())
+        trained = inputs["completion_mask"] * inputs["tool_mask"]  # the tokens the loss covers
+        texts = [self.processing_class.decode(ids[mask.bool()].tolist()) for ids, mask in zip(inputs["completion_ids"], trained)]
+        seen_texts.extend(texts)
         return original(self, model, inputs)
+
+    seen_texts: list[str] = []  # decoded loss-masked tokens of every sample that reached TRL's loss
+    recording.texts = seen_texts
 
     GRPOTrainer._compute_loss = recording
     yield seen
@@ -62,10 +68,14 @@ def loss_inputs():
 
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_path, tmp_path_factory, loss_inputs):
+    from trl import GRPOTrainer
+
     out = tmp_path_factory.mktemp("run") / "a"
     loss_inputs.clear()
+    texts = GRPOTrainer._compute_loss.texts
+    texts.clear()
     summary = train(_recipe(tiny_path), out)
-    return out, summary, list(loss_inputs)
+    return out, summary, list(loss_inputs), list(texts)
 
 
 # -- recipes ----------------------------------------------------------------------------------
@@ -112,7 +122,7 @@ def test_batch_layout_needs_divisible_batches():
 
 
 def test_training_writes_the_run_directory(uninterrupted):
-    out, summary, _ = uninterrupted
+    out, summary, _, _ = uninterrupted
     assert summary["rounds"] == 2 and summary["steps"] == 2 and summary["apatch_hook_calls"] == 2
     for name in ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "profile/step_2.json", "interface/step_2.json",
                  "model/config.json", "checkpoints/checkpoint-1/seal_state.json", "checkpoints/checkpoint-2/optimizer.pt"):  # fmt: skip
@@ -130,7 +140,7 @@ def test_training_writes_the_run_directory(uninterrupted):
 
 
 def test_apatch_hook_fires_inside_grpo_and_its_advantages_reach_the_loss(uninterrupted):
-    out, _, loss_inputs = uninterrupted
+    out, _, loss_inputs, _ = uninterrupted
     rows = _jsonl(out / "trajectories.jsonl")
     assert any(abs(r["advantage_before"]) > 0.1 for r in rows)
     assert any(abs(r["apatch_weight"] - 1.0) > 0.05 for r in rows)
@@ -142,8 +152,17 @@ def test_apatch_hook_fires_inside_grpo_and_its_advantages_reach_the_loss(uninter
         assert reached == pytest.approx(after, abs=1e-6)  # what TRL's loss saw is what A-Patch produced
 
 
+def test_the_loss_covers_exactly_the_assistant_messages_handed_to_trl(uninterrupted):
+    """Checked where the samples reach TRL's loss (not only where they are built): the loss-masked
+    tokens of each sample decode to that episode's assistant messages, nothing more or less."""
+    out, _, _, texts = uninterrupted
+    rows = _jsonl(out / "trajectories.jsonl")
+    expected = ["".join(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in rows]
+    assert sorted(texts) == sorted(expected)
+
+
 def test_group_advantages_are_group_relative(uninterrupted):
-    out, _, _ = uninterrupted
+    out, _, _, _ = uninterrupted
     rows = _jsonl(out / "trajectories.jsonl")
     for round_index in (1, 2):
         for task in {r["task_id"] for r in rows}:
@@ -154,7 +173,7 @@ def test_group_advantages_are_group_relative(uninterrupted):
 
 
 def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
-    reference, _, _ = uninterrupted
+    reference, _, _, _ = uninterrupted
     out = tmp_path / "b"
     train(_recipe(tiny_path, **{"grpo.max_steps": 1}), out)
     assert [m["round"] for m in _jsonl(out / "metrics.jsonl")] == [1]
@@ -175,7 +194,7 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
 
 
 def test_an_existing_run_is_not_overwritten(uninterrupted, tiny_path):
-    out, _, _ = uninterrupted
+    out, _, _, _ = uninterrupted
     with pytest.raises(SealError, match="already holds a training run"):
         train(_recipe(tiny_path), out)
 
@@ -218,7 +237,7 @@ def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
 def test_report_of_a_training_run(uninterrupted):
     from seal_rl.report import write_report
 
-    out, _, _ = uninterrupted
+    out, _, _, _ = uninterrupted
     page = write_report(out).read_text()
     for section in ("Success over training", "Failure labels over training", "Interface evolution", "A-Patch weights",
                     "Rewards and scales", "Where the time went", "No validation points"):  # fmt: skip
