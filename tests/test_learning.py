@@ -123,6 +123,10 @@ def test_validation_is_logged_greedy_and_keeps_the_best(learned):
     assert (out / "best" / "config.json").exists() and (out / "best" / "tokenizer.json").exists()
     config = (out / "config.yaml").read_text()
     assert "multi_turn_base_100" in config and "holdout" in config
+    from seal_rl.report import write_report
+
+    page = write_report(out).read_text()
+    assert "No validation points" not in page and page.count('src="data:image/png;base64,') >= 6
 
 
 def test_sft_learns_its_transcripts_and_masks_only_assistant_tokens(tiny_model_dir, task_set, tmp_path):

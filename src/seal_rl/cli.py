@@ -223,6 +223,8 @@ def train_command(
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
     summary = train(recipe, out_dir, resume=resume)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
+    if summary["validation"]:
+        out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))
 
 
 @app.command("sft")

@@ -822,7 +822,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         trainer.save_model(str(out / "model"))
         tokenizer.save_pretrained(str(out / "model"))
     return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
-            "apatch_hook_calls": loop.apatch_hook_calls}  # fmt: skip
+            "apatch_hook_calls": loop.apatch_hook_calls,
+            "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
 
 
 def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str, Any]:
