@@ -182,16 +182,22 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for arm, data in results["arms"].items():
+    styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]
+    markers = ["o", "s", "^", "v", "D", "x"]
+    for k, (arm, data) in enumerate(results["arms"].items()):
         seeds = data["seeds"]
+        style = {"linestyle": styles[k % len(styles)], "marker": markers[k % len(markers)], "label": arm, "alpha": 0.85}
         rounds = range(1, len(seeds[0]["rollout_success"]) + 1)
-        left.plot(rounds, [sum(s["rollout_success"][i - 1] for s in seeds) / len(seeds) for i in rounds], marker="o", label=arm)
+        left.plot(rounds, [sum(s["rollout_success"][i - 1] for s in seeds) / len(seeds) for i in rounds], **style)
         steps = range(len(seeds[0]["validation"]))
-        right.plot(steps, [sum(s["validation"][i] for s in seeds) / len(seeds) for i in steps], marker="o", label=arm)
+        right.plot(steps, [sum(s["validation"][i] for s in seeds) / len(seeds) for i in steps], **style)
+    for ax in (left, right):
+        ax.xaxis.get_major_locator().set_params(integer=True)
     left.set(xlabel="round", ylabel="rollout success (sampled, mean of seeds)", ylim=(0, 1), title="Training rollouts")
     right.set(xlabel="round (0 = warm start)", ylabel="greedy success on training tasks", ylim=(0, 1),
               title="In-training validation (interface removed)")  # fmt: skip
     left.legend(fontsize=8)
+    fig.suptitle("Arms that overlap had identical outcomes", fontsize=8, y=0.02)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
