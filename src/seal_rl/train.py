@@ -13,8 +13,12 @@ Per round (one TRL generation batch: ``tasks_per_step`` tasks × ``num_generatio
 6. Ω_{t+1} = Evolve(Ω_t, C_t) for the next round.
 
 All SEAL state (C_t, Ω_t, ρ, round) is saved in every checkpoint and restored by ``--resume``.
-A run directory holds ``config.yaml``, ``metrics.jsonl``, ``trajectories.jsonl``, ``profile/``,
-``interface/``, ``checkpoints/`` and ``model/``.
+A run directory holds ``config.yaml`` (with the resolved task ids), ``metrics.jsonl`` (a
+``rollout`` line per round and a ``validation`` line per validation), ``trajectories.jsonl``,
+``profile/``, ``interface/``, ``checkpoints/`` and ``model/``; with a recipe's ``warm_start``
+also ``warm_start/`` (the SFT model RL starts from, :mod:`seal_rl.sft`), with ``eval.keep_best``
+also ``best/``. Validation is greedy and strict with the interface removed, on held-out
+training-split tasks unless the recipe names others.
 
 Departures from the reference: TRL normalises group advantages with ``std + 1e-4`` (the reference
 uses ``1e-6``); each SEAL round is one TRL generation batch.
