@@ -244,3 +244,24 @@ def test_report_of_a_training_run(uninterrupted):
         assert section in page
     assert page.count('src="data:image/png;base64,') >= 5
 
+
+
+def test_default_validation_is_held_out_training_split_never_test(task_set):
+    from seal_rl.train import scenario, select_tasks
+
+    test_ids = {t.id for t in task_set.select("test", None, None)}
+    # explicit training tasks: validation comes from other scenarios of the training split
+    recipe = load_recipe(ROOT / "configs" / "learn-cpu.yaml", ["eval.tasks=[]", "eval.holdout=8"])
+    tasks, validation = select_tasks(recipe, task_set)
+    assert len(validation) == 8 and not {t.id for t in validation} & test_ids
+    assert {t.category for t in validation} == {"base", "miss_func", "miss_param", "long_context"}
+    assert not {scenario(t.id) for t in validation} & {scenario(t.id) for t in tasks}
+    # training on the whole split: the validation scenarios are taken out of training
+    recipe = load_recipe(ROOT / "configs" / "vanilla-grpo.yaml", ["model.path=/m", "eval.every_rounds=1"])
+    tasks, validation = select_tasks(recipe, task_set)
+    assert len(validation) == 16 and not {t.id for t in validation} & test_ids
+    assert not {scenario(t.id) for t in validation} & {scenario(t.id) for t in tasks}
+    assert len(tasks) + len({scenario(t.id) for t in validation}) * 4 == 400
+    # no validation asked for: nothing held out
+    assert select_tasks(load_recipe(ROOT / "configs" / "vanilla-grpo.yaml", ["model.path=/m"]), task_set) == (
+        task_set.select("train", None, None), [])
