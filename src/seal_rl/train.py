@@ -822,8 +822,12 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
             f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
         )
+    # Every rank takes part in the final save: ZeRO-3 gathers 16-bit weights and FSDP a full state
+    # dict collectively (on rank 0 alone the first hangs, the second writes shards, not a model).
+    if trainer.is_fsdp_enabled:
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model(str(out / "model"))
     if is_main:
-        trainer.save_model(str(out / "model"))
         tokenizer.save_pretrained(str(out / "model"))
     return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
             "apatch_hook_calls": loop.apatch_hook_calls,
