@@ -42,7 +42,7 @@ from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.policies import ModelPolicy
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import TaskSet
-from seal_rl.train import load_recipe, read_metrics, select_tasks, sft, train
+from seal_rl.train import load_recipe, read_metrics, scenario, select_tasks, sft, train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "learn-cpu.yaml"
@@ -90,8 +90,8 @@ def main() -> None:
     task_set = TaskSet.load()
     base = load_recipe(RECIPE)
     train_tasks, _ = select_tasks(base, task_set)
-    trained = {t.id.rsplit("_", 1)[1] for t in train_tasks}
-    held_out = [t for t in task_set.select("train", ["base"], None) if t.id.rsplit("_", 1)[1] not in trained][:HELD_OUT]
+    trained = {scenario(t.id) for t in train_tasks}
+    held_out = [t for t in task_set.select("train", ["base"], None) if scenario(t.id) not in trained][:HELD_OUT]
     max_new = base.budgets["max_new_tokens"]
     began = time.perf_counter()
 

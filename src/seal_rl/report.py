@@ -29,6 +29,7 @@ from seal_rl.errors import SealError
 from seal_rl.evaluate import read_results, summarize
 from seal_rl.stats import wilson
 from seal_rl.tasks import CATEGORIES
+from seal_rl.train import read_metrics
 
 REPORT_FILE = "report.html"
 _TEXT_LIMIT = 2000
@@ -244,7 +245,7 @@ def _validation(run_dir: Path) -> tuple[str, dict[int, dict[str, Any]]]:
     """Validation points: the in-training validation (``metrics.jsonl`` lines of kind ``validation``,
     by round) or else summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/
     (by optimizer step)."""
-    logged = [m for m in _jsonl(run_dir / "metrics.jsonl") if m.get("kind") == "validation"]
+    logged = read_metrics(run_dir, "validation")
     if logged:
         return "round", {m["round"]: {key.removeprefix("validation/"): value for key, value in m.items()} for m in logged}
     return "optimizer step", _checkpoint_evaluations(run_dir)
@@ -261,7 +262,7 @@ def _checkpoint_evaluations(run_dir: Path) -> dict[int, dict[str, Any]]:
 
 
 def training_report(run_dir: Path) -> str:
-    metrics = [m for m in _jsonl(run_dir / "metrics.jsonl") if m.get("kind", "rollout") == "rollout"]
+    metrics = read_metrics(run_dir, "rollout")
     if not metrics:
         raise SealError(f"{run_dir}/metrics.jsonl has no rounds yet.")
     rows = _jsonl(run_dir / "trajectories.jsonl")

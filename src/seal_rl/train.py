@@ -320,14 +320,14 @@ class SealLoop:
         results = _gather(trainer, [{k: r.record[k] for k in ("index", "task_id", "category", "reward")} for r in rollouts])
         results.sort(key=lambda r: r["index"])
         summary = summarize(results)
+        elapsed = time.perf_counter() - began
         line = {
             "round": round_index, "step": trainer.state.global_step, "kind": "validation",
             "validation/average": summary["average"], "validation/average_ci95": summary["average_ci95"],
             "validation/overall": summary["overall"], "validation/episodes": summary["episodes"],
             "validation/categories": summary["categories"], "validation/tasks": {r["task_id"]: r["reward"] for r in results},
-            "validation/seconds": round(time.perf_counter() - began, 2),
+            "validation/seconds": round(elapsed, 2),
         }  # fmt: skip
-        elapsed = time.perf_counter() - began
         self.timing["validation"] += elapsed
         self._round_started += elapsed  # not optimisation time
         average = line["validation/average"]
@@ -743,7 +743,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         raise SealError("--resume continues a run in place: pass the same directory as --out (or omit --out).")
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
-        if resume is None and (out / "metrics.jsonl").exists():
+        if resume is None and (out / METRICS_FILE).exists():
             raise SealError(f"{out} already holds a training run; choose another --out or resume it with --resume {out}.")
         resolved = OmegaConf.structured(recipe)
         resolved.data.task_ids = [t.id for t in tasks]
@@ -845,10 +845,10 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
 
     if PartialState(cpu=not torch.cuda.is_available()).num_processes > 1:
         raise SealError("seal sft runs in one process; launch it without accelerate/torchrun.")
+    for source in sources:  # the recipe's own sources were checked when it was loaded
+        check_source(source)
     if sources:
         recipe.warm_start.data = list(sources)
-    for source in recipe.warm_start.data:
-        check_source(source)
     task_set = TaskSet.load()
     tasks, _ = select_tasks(recipe, task_set)
     out = Path(out)
