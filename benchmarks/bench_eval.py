@@ -25,7 +25,8 @@ from rich.table import Table
 from seal_rl.env import EnvConfig
 from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.policies import Episode
-from seal_rl.rollout import Generation, Request, SimulatedServer
+from seal_rl.generators import SimulatedServer
+from seal_rl.rollout import Generation, Request
 from seal_rl.tasks import TaskSet
 
 

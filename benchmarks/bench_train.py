@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from seal_rl.env import BfclEnv
-from seal_rl.rollout import DriverStats, SimulatedGenerator, run_episodes
+from seal_rl.generators import SimulatedGenerator
+from seal_rl.rollout import DriverStats, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train import load_recipe, train

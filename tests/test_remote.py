@@ -14,7 +14,7 @@ from seal_rl.errors import SealError
 from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.faults import oracle_transcript
 from seal_rl.policies import Episode, ServerPolicy, parse_policy
-from seal_rl.remote import parse_server_spec
+from seal_rl.generators.openai_compatible import parse_server_spec
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls
 
@@ -187,7 +187,7 @@ def test_policy_specs():
         with pytest.raises(SealError, match="MODEL@URL"):
             parse_policy(bad)
     with pytest.raises(SealError, match="must start with http"):
-        from seal_rl.remote import ServerSettings
+        from seal_rl.generators.openai_compatible import ServerSettings
 
         ServerSettings("m", "ftp://x")
 

@@ -2,7 +2,8 @@ import pytest
 
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
-from seal_rl.rollout import Budgets, DriverStats, Generation, HFGenerator, SimulatedGenerator, run_episodes
+from seal_rl.generators import HFGenerator, SimulatedGenerator
+from seal_rl.rollout import Budgets, DriverStats, Generation, run_episodes
 from seal_rl.trajectory import ChatTokens
 
 
@@ -137,7 +138,7 @@ def _oracle_agents(tasks, faults):
 
 
 def test_streaming_driver_gives_the_records_of_lockstep_ticks(task_set):
-    from seal_rl.rollout import ScriptedGenerator
+    from seal_rl.generators import ScriptedGenerator
 
     tasks = [t for t in task_set if t.id.endswith(("_3", "_77", "_150"))]
     episodes = [(i, t, {}) for i, t in enumerate(tasks)]

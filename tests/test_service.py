@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, settings
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.faults import oracle_transcript
 from seal_rl.policies import ScriptedAgent
-from seal_rl.rollout import ScriptedGenerator, run_episodes
+from seal_rl.generators import ScriptedGenerator
+from seal_rl.rollout import run_episodes
 from seal_rl.service.app import create_app
 from seal_rl.service.client import AsyncClient, Client, RemoteEnv, ServiceError
 from seal_rl.service.settings import ServiceSettings

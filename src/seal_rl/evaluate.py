@@ -34,8 +34,8 @@ from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
-from seal_rl.remote import OpenAIGenerator, ServerSettings
-from seal_rl.rollout import Budgets, Generator, HFGenerator, ScriptedGenerator, VLLMEngineGenerator, run_episodes
+from seal_rl.generators import HFGenerator, OpenAIGenerator, ScriptedGenerator, ServerSettings, VLLMEngineGenerator
+from seal_rl.rollout import Budgets, Generator, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson
 from seal_rl.tasks import CATEGORIES
 from seal_rl.tools import ToolCatalog

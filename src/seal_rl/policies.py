@@ -235,7 +235,7 @@ def parse_policy(spec: str) -> Policy:
     ``replay:FILE``, ``hf:MODEL_DIR``)."""
     kind, _, rest = spec.partition(":")
     if kind == "openai":
-        from seal_rl.remote import parse_server_spec
+        from seal_rl.generators.openai_compatible import parse_server_spec
 
         return ServerPolicy(*parse_server_spec(rest))
     if kind == "vllm":

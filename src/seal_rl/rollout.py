@@ -6,14 +6,8 @@ Each tick the driver asks the generator for the next assistant message of every 
 Generators that answer requests one at a time in the background (:class:`StreamingGenerator`:
 HTTP servers) are not ticked: each episode is stepped as soon as its own answer arrives.
 
-Generators (the :class:`Generator` protocol):
-
-* :class:`HFGenerator` — transformers ``generate`` on token ids (CPU or GPU).
-* :class:`VLLMGenerator` — TRL's colocated vLLM engine (``trainer.vllm_generation``), on GPUs.
-* :class:`ScriptedGenerator` — agents that answer from a script (replay files, the oracle).
-* :class:`SimulatedGenerator`, :class:`SimulatedServer` — canned text after a fixed (batched)
-  or random (streaming) latency: for driver benchmarks.
-* :class:`~seal_rl.remote.OpenAIGenerator` — any OpenAI-compatible server (streaming).
+The generators themselves (transformers, vLLM, OpenAI-compatible servers, scripts, simulations)
+live in :mod:`seal_rl.generators`; this module holds only the driver and the types it speaks.
 
 Budgets (SEAL recipe): the opening prompt may use ``max_prompt_tokens`` (8192), everything after
 it ``max_completion_tokens`` (4096), each model call at most ``max_new_tokens``. An episode that
@@ -22,10 +16,9 @@ runs out is truncated (``end_reason`` says which budget) and its sample cut at t
 
 from __future__ import annotations
 
-import random
 import time
 import zlib
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,7 +26,6 @@ from typing import Any, Protocol
 from seal_rl.env import BfclEnv
 from seal_rl.errors import SealError
 from seal_rl.interface import Message
-from seal_rl.policies import Agent
 from seal_rl.tasks import Task
 from seal_rl.trajectory import ChatTokens, Trajectory
 
@@ -305,188 +297,3 @@ def _tick_seed(seed: int, tick: int) -> int:
 
 def _call_seed(seed: int, episode: int, call: int) -> int:
     return zlib.crc32(f"{seed}:{episode}:{call}".encode()) & 0x7FFFFFFF
-
-
-# -- generators -------------------------------------------------------------------------------
-
-
-class ScriptedGenerator:
-    """Asks each episode's :class:`~seal_rl.policies.Agent` (replay files, the oracle)."""
-
-    def __init__(self, agents: dict[int, Agent]) -> None:
-        self.agents = agents
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        out = []
-        for request in requests:
-            text = self.agents[request.episode].act(request.observation, request.info)
-            out.append(None if text is None else Generation(text))
-        return out
-
-
-class SimulatedGenerator:
-    """A stand-in for a model server: fixed latency per batched call, the same text for everyone."""
-
-    def __init__(self, latency: float, text: str = "I cannot help with that.") -> None:
-        self.latency = latency
-        self.text = text
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        time.sleep(self.latency)
-        return [Generation(self.text) for _ in requests]
-
-
-class SimulatedServer:
-    """A stand-in for a model server whose answers take a random time (exponential, mean
-    ``latency`` seconds), as replies of different lengths do; the same text for everyone.
-
-    It streams (``submit``); its batched ``generate`` returns when the slowest answer is in.
-    """
-
-    def __init__(self, latency: float, text: str = "I cannot help with that.", workers: int = 256) -> None:
-        self.latency = latency
-        self.text = text
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="simulated-server")
-
-    def _delay(self, request: Request, seed: int) -> float:
-        return random.Random(f"{seed}:{request.episode}").expovariate(1.0 / self.latency) if self.latency > 0 else 0.0
-
-    def _answer(self, delay: float) -> Generation:
-        time.sleep(delay)
-        return Generation(self.text)
-
-    def submit(self, request: Request, seed: int) -> Future[Generation | None]:
-        return self._pool.submit(self._answer, self._delay(request, seed))
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        time.sleep(max((self._delay(r, seed) for r in requests), default=0.0))
-        return [Generation(self.text) for _ in requests]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class HFGenerator:
-    """transformers ``generate`` on token ids: left-padded batches, sampling or greedy."""
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_batch: int = 16,
-    ) -> None:
-        self.model = model
-        self.chat = ChatTokens(tokenizer)
-        self.tokenizer = tokenizer
-        self.temperature = temperature
-        self.top_p = top_p
-        self.max_batch = max_batch
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        import torch
-
-        out: list[Generation | None] = []
-        for start in range(0, len(requests), self.max_batch):
-            batch = requests[start : start + self.max_batch]
-            torch.manual_seed(seed + start)  # per-call seed: reruns and resumed runs sample the same
-            out += self._generate(batch)
-        return out
-
-    def _generate(self, batch: Sequence[Request]) -> list[Generation]:
-        import torch
-
-        pad = self.tokenizer.pad_token_id
-        width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, request in enumerate(batch):
-            ids = torch.tensor(request.prompt_ids, dtype=torch.long)
-            input_ids[row, width - len(ids):] = ids
-            attention[row, width - len(ids):] = 1
-        device = next(self.model.parameters()).device
-        sampling = self.temperature > 0
-        with torch.no_grad():
-            output = self.model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                max_new_tokens=max(r.max_new_tokens for r in batch),
-                do_sample=sampling,
-                temperature=self.temperature if sampling else None,
-                top_p=self.top_p if sampling else None,
-                top_k=None,
-                eos_token_id=sorted(self.chat.eos_ids),
-                pad_token_id=pad,
-            )
-        generations = []
-        for row, request in enumerate(batch):
-            ids = output[row, width:].tolist()
-            ids = ids[: request.max_new_tokens]
-            if any(i in self.chat.eos_ids for i in ids):  # keep the first end-of-message token, drop padding
-                ids = ids[: next(k for k, i in enumerate(ids) if i in self.chat.eos_ids) + 1]
-            generations.append(Generation(self.chat.decode(ids), ids))
-        return generations
-
-
-class VLLMGenerator:
-    """TRL's colocated vLLM engine (``GRPOTrainer.vllm_generation``), on GPUs.
-
-    All ranks must call it in lockstep (colocated tensor-parallel groups and server mode are
-    collective): the training loop keeps ranks ticking together, padding finished ranks.
-    """
-
-    def __init__(self, trainer: Any) -> None:
-        if not getattr(trainer, "use_vllm", False):
-            raise SealError("The vllm generator needs `use_vllm: true` in the recipe (and vLLM on a GPU machine).")
-        self.trainer = trainer
-        self.chat = ChatTokens(trainer.processing_class)
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        prompts = [r.prompt_ids for r in requests]
-        _, completion_ids, logprobs, _ = self.trainer.vllm_generation.generate(prompts, None, 1)
-        out = []
-        for request, ids, lps in zip(requests, completion_ids, logprobs, strict=True):
-            ids = ids[: request.max_new_tokens]
-            flat = [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in lps[: len(ids)]]
-            out.append(Generation(self.chat.decode(ids), list(ids), flat))
-        return out
-
-
-class VLLMEngineGenerator:
-    """A local vLLM engine (``vllm:PATH`` in ``seal eval``): token prompts in, token ids out.
-
-    Needs the ``vllm`` package and a GPU; without them it says so and suggests ``hf:`` or serving
-    the model and using ``openai:``.
-    """
-
-    def __init__(self, path: str, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, **engine: Any) -> None:
-        import importlib.util
-
-        import torch
-
-        if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-            raise SealError(
-                "vllm: needs the vllm package and a GPU. On this machine use --policy hf:PATH, or serve the model "
-                "elsewhere (`vllm serve PATH`) and use --policy openai:MODEL@http://HOST:8000/v1."
-            )
-        from transformers import AutoTokenizer
-        from vllm import LLM
-
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.chat = ChatTokens(self.tokenizer)
-        self.engine = LLM(model=path, **engine)
-        self.temperature, self.top_p, self.seed = temperature, top_p, seed
-
-    def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        from vllm import SamplingParams, TokensPrompt
-
-        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
-        params = [
-            SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=r.max_new_tokens,
-                           seed=self.seed + seed + r.episode)  # fmt: skip
-            for r in requests
-        ]
-        outputs = self.engine.generate(prompts, params, use_tqdm=False)
-        return [Generation(self.chat.decode(o.outputs[0].token_ids), list(o.outputs[0].token_ids)) for o in outputs]

@@ -44,7 +44,8 @@ from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
-from seal_rl.rollout import Budgets, DriverStats, HFGenerator, VLLMGenerator, run_episodes
+from seal_rl.generators import HFGenerator, VLLMGenerator
+from seal_rl.rollout import Budgets, DriverStats, run_episodes
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
