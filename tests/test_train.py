@@ -90,8 +90,22 @@ def test_shipped_recipes_are_valid(config):
 
 def test_paper_recipe_layout():
     recipe = load_recipe(ROOT / "configs" / "paper-qwen2.5-7b.yaml", ["model.path=/m"])
-    assert batch_layout(recipe, 4) == {"steps_per_generation": 16, "gradient_accumulation_steps": 4, "updates_per_round": 4}
+    # Micro-batch 1 (SEAL Table 4): 256 samples per round over 4 GPUs, 8 tasks x 8 rollouts per update.
+    assert batch_layout(recipe, 4) == {"steps_per_generation": 64, "gradient_accumulation_steps": 16, "updates_per_round": 4}
     assert recipe.grpo.num_generations == 8 and recipe.grpo.tasks_per_step == 32 and recipe.grpo.beta == 0.001
+
+
+GPU_RECIPES = [c for c in CONFIGS if "use_vllm: true" in c.read_text()]
+
+
+@pytest.mark.parametrize("config", GPU_RECIPES, ids=lambda p: p.name)
+def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(config):
+    import yaml
+
+    grpo = yaml.safe_load(config.read_text())["grpo"]
+    for key in ("vllm_importance_sampling_correction", "use_bias_correction_kl", "weight_decay", "save_total_limit"):
+        assert key in grpo, f"{config.name} leaves {key} to a default"
+    assert grpo["per_device_train_batch_size"] == 1 and grpo["save_total_limit"] >= 1
 
 
 @pytest.mark.parametrize(
@@ -103,6 +117,8 @@ def test_paper_recipe_layout():
         (["apatch.w_min=0"], "set enabled=False"),
         (["interface.preset=best"], "Unknown interface preset"),
         (["generator=magic"], "Unknown generator"),
+        (["grpo.use_vllm=true", "grpo.vllm_mode=server"], "server mode gathers every rank"),
+        (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
     ],
 )
 def test_bad_recipes_fail_clearly(overrides, message):

@@ -67,7 +67,8 @@ class Generation:
 
     text: str
     token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[float | None] | None = None
+    """the sampled token's log-probability, aligned with ``token_ids`` (vLLM)"""
     error: str | None = None
     """set when no message could be generated (server down, retries exhausted): the episode ends
     with ``end_reason="generation_error"`` and is excluded from success rates, not failed"""
@@ -272,8 +273,12 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         return
     before = list(env.messages)
     if state.trajectory is not None:
-        token_ids = generation.token_ids if generation.token_ids is not None else chat.encode(generation.text)
-        state.trajectory.add_model(token_ids, generation.logprobs)
+        if generation.token_ids is not None:
+            token_ids = generation.token_ids
+            state.trajectory.add_model(token_ids, generation.logprobs)
+        else:  # a text-only generator: re-encoded tokens have no sampling log-probabilities
+            token_ids = chat.encode(generation.text)
+            state.trajectory.add_model(token_ids)
     observation, _, _, _, info = env.step(generation.text)
     state.observation, state.info = observation, info
     if state.trajectory is None:

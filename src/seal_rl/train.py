@@ -45,7 +45,8 @@ from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator
-from seal_rl.rollout import Budgets, DriverStats, run_episodes
+from seal_rl.generators.lockstep import trainer_lockstep
+from seal_rl.rollout import Budgets, DriverStats, Rollout, run_episodes
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
@@ -94,7 +95,7 @@ class GRPOSettings:
     tasks_per_update: int = 8
     """tasks per optimizer step (PPO mini-batch) [8]: tasks_per_step / tasks_per_update updates per round"""
     per_device_train_batch_size: int = 4
-    """samples per device per micro-batch"""
+    """samples per device per micro-batch (the paper: 1; GPU recipes use 1 and accumulate)"""
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "constant"
     num_train_epochs: float = 6.0
@@ -111,14 +112,28 @@ class GRPOSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    weight_decay: float = 0.0
+    """AdamW weight decay (TRL's default 0; the reference's verl actor uses 0.01, set in the paper recipe)"""
+    use_bias_correction_kl: bool = False
+    """multiply the KL term by the importance ratio (TRL's default True); off: the paper's plain
+    low-variance KL"""
     bf16: bool = False
     use_vllm: bool = False
     vllm_mode: str = "colocate"
+    """only ``colocate`` is supported: TRL's server mode is a collective over all ranks, which
+    multi-turn episodes of different lengths would deadlock"""
     vllm_gpu_memory_utilization: float = 0.4
+    vllm_tensor_parallel_size: int = 1
+    """ranks per vLLM engine; a TP group generates the union of its ranks' requests in lockstep"""
+    vllm_importance_sampling_correction: bool = False
+    """TRL's correction for the vLLM/trainer probability mismatch (TRL's default True). Off by
+    default: the paper's reference (verl) trains without it. Needs the sampled log-probabilities,
+    which the vllm generator returns"""
     logging_steps: int = 1
     save_steps: int = 0
     """save a checkpoint every N optimizer steps (0: once per round)"""
     save_total_limit: int | None = None
+    """keep at most this many checkpoints (a 7B ZeRO-3 checkpoint with optimizer state is ~100 GB)"""
     report_to: list[str] = field(default_factory=lambda: ["none"])
     """``tensorboard`` / ``wandb`` through TRL; metrics.jsonl is always written"""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -211,6 +226,15 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError(f"Unknown generator {recipe.generator!r}; expected 'hf', 'vllm' or 'module:function'.")
     if recipe.generator == "vllm" and not g.use_vllm:
         raise SealError("generator: vllm needs grpo.use_vllm: true.")
+    if g.use_vllm and g.vllm_mode != "colocate":
+        raise SealError(f"grpo.vllm_mode {g.vllm_mode!r} is not supported: TRL's server mode gathers every rank's "
+                        "prompts in one collective call, which multi-turn episodes of different lengths deadlock. "
+                        "Use vllm_mode: colocate (with vllm_tensor_parallel_size for large models).")  # fmt: skip
+    if g.extra.get("vllm_enable_sleep_mode"):
+        raise SealError("vllm_enable_sleep_mode is not supported: a multi-turn round calls the engine once per turn, and "
+                        "level-2 sleep would re-push all weights before every call.")  # fmt: skip
+    if g.vllm_tensor_parallel_size < 1:
+        raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
 
 
 def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
@@ -310,13 +334,15 @@ class SealLoop:
         model = trainer.accelerator.unwrap_model(trainer.model)
         training = model.training
         model.eval()
-        generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch)
+        generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch,
+                                lockstep=trainer_lockstep(trainer))  # fmt: skip
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
             mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens(trainer.processing_class),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=hash_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
+        generator.close()
         model.train(training)
         results = _gather(trainer, [{k: r.record[k] for k in ("index", "task_id", "category", "reward")} for r in rollouts])
         results.sort(key=lambda r: r["index"])
@@ -363,6 +389,8 @@ class SealLoop:
             concurrency=self.recipe.concurrency, seed=hash_seed(self.recipe.grpo.seed, round_index, _rank(trainer)),
             stats=stats,
         )  # fmt: skip
+        if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
+            generator.close()
         self.timing["generation"] += stats.generation
         self.timing["environment"] += stats.environment
 
@@ -398,12 +426,13 @@ class SealLoop:
         self.state.interface = evolve(self.state.interface, self.state.profile, self.interface_config)
         self._round_rollouts = [r.record for r in rollouts]
         self._round_weights = list(weights)
+        samples = [trl_sample(r, min(chat.eos_ids)) for r in rollouts]
         return {
             "prompt_ids": [r.trajectory.prompt_ids for r in rollouts],
-            "completion_ids": [r.trajectory.completion_ids for r in rollouts],
-            "logprobs": None,
-            "env_mask": [r.trajectory.env_mask for r in rollouts],
-            "seal_reward": [None if r.record["verdict"].get("checker_error") else r.record["reward"] for r in rollouts],
+            "completion_ids": [s["completion_ids"] for s in samples],
+            "logprobs": [s["logprobs"] for s in samples],
+            "env_mask": [s["env_mask"] for s in samples],
+            "seal_reward": [s["reward"] for s in samples],
             "apatch_weight": weights,
         }
 
@@ -427,7 +456,8 @@ class SealLoop:
             return VLLMGenerator(trainer)
         model = trainer.accelerator.unwrap_model(trainer.model)
         return HFGenerator(model, trainer.processing_class, temperature=self.recipe.grpo.temperature,
-                           top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch)  # fmt: skip
+                           top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
+                           lockstep=trainer_lockstep(trainer))  # fmt: skip
 
     # after TRL's advantages -------------------------------------------------------------------
 
@@ -439,6 +469,7 @@ class SealLoop:
                 "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],
                 "group": f"{record['round']}:{record['task_id']}",
                 "category": record["category"], "reward": record["reward"], "end_reason": record["end_reason"],
+                "dropped": record.get("dropped"),
                 "labels": [t["label"] for t in record["diagnosis"]["labels"]],
                 "reference_labels": record["reference_labels"], "apatch_weight": weight,
                 "advantage_before": a, "advantage_after": b, "messages": record["messages"],
@@ -464,6 +495,24 @@ class SealLoop:
             handle.write(json.dumps(metrics) + "\n")
 
 
+def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
+    """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward.
+
+    An episode that produced no tokens (its opening prompt exceeded ``max_prompt_tokens``, or its
+    first generation failed) cannot be handed to TRL as is (an empty completion crashes it): it
+    becomes one masked ``filler_token`` with no reward, so it carries no loss and no advantage, and
+    its record says why (``dropped``). Unscorable episodes (checker error, generation error) get
+    no reward either: TRL leaves them out of the group baseline and gives them advantage 0.
+    """
+    record, trajectory = rollout.record, rollout.trajectory
+    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
+    if not trajectory.completion_ids:
+        record["dropped"] = record["end_reason"]
+        return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
+    return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
+            "logprobs": trajectory.logprobs, "reward": None if unscorable else record["reward"]}  # fmt: skip
+
+
 def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,
                   used: InterfaceState, timing: Counter) -> dict[str, Any]:  # fmt: skip
     """One ``metrics.jsonl`` line (metric names grouped by prefix)."""
@@ -486,6 +535,7 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
         "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
         "rollout/episodes": len(rows),
         "rollout/groups_zero_variance": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
+        "rollout/dropped": dict(Counter(row["dropped"] for row in rows if row.get("dropped"))),
         "labels/share": {k: v / total for k, v in sorted(labels.items())},
         "apatch/scale_mean": sum(weights) / len(weights),
         "apatch/scale_min": min(weights),
@@ -546,6 +596,11 @@ def make_trainer_class():
 
         seal: SealLoop
 
+        def _get_train_sampler(self, dataset=None):
+            sampler = super()._get_train_sampler(dataset)
+            sampler.__class__ = _epoch_seeded(type(sampler))
+            return sampler
+
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             weights = [float(x["apatch_weight"]) for x in inputs]
@@ -559,6 +614,28 @@ def make_trainer_class():
             return output
 
     return SealGRPOTrainer
+
+
+def _epoch_seeded(sampler_class: type) -> type:
+    """TRL's RepeatSampler with each epoch's task order drawn from (seed, epoch).
+
+    TRL's sampler keeps one generator for the whole run, so a run resumed in epoch e >= 2 would
+    replay epoch 1's order. transformers calls ``set_epoch`` on the sampler at every epoch start
+    (also when resuming), so the order depends on the epoch alone.
+    """
+
+    class EpochSeededRepeatSampler(sampler_class):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            if self.shuffle:
+                self.generator.manual_seed(hash_seed(self.seed or 0, self.epoch, 0))
+            yield from super().__iter__()
+
+    return EpochSeededRepeatSampler
 
 
 def _seal_callback(loop: SealLoop):
@@ -761,6 +838,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         model_path = str(out / "warm_start" / "model")
 
     g = recipe.grpo
+    budgets = Budgets(**recipe.budgets)
     save_steps = g.save_steps or layout["updates_per_round"]
     if save_steps % layout["updates_per_round"]:
         raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
@@ -782,9 +860,17 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         top_p=g.top_p,
         seed=g.seed,
         bf16=g.bf16,
+        weight_decay=g.weight_decay,
+        use_bias_correction_kl=g.use_bias_correction_kl,
         use_vllm=g.use_vllm,
         vllm_mode=g.vllm_mode,
         vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+        vllm_importance_sampling_correction=g.vllm_importance_sampling_correction,
+        # The engine's context is one whole episode; a single call generates at most max_new_tokens
+        # (the driver asks for less when the episode's budget is nearly spent).
+        vllm_max_model_length=budgets.max_prompt_tokens + budgets.max_completion_tokens,
+        max_completion_length=budgets.max_new_tokens,
         logging_steps=g.logging_steps,
         save_strategy="steps",
         save_steps=save_steps,

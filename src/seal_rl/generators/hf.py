@@ -5,12 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from seal_rl.generators.lockstep import Lockstep
 from seal_rl.rollout import Generation, Request
 from seal_rl.trajectory import ChatTokens
 
 
 class HFGenerator:
-    """transformers ``generate`` on token ids: left-padded batches, sampling or greedy."""
+    """transformers ``generate`` on token ids: left-padded batches, sampling or greedy.
+
+    With ``lockstep`` (sharded weights on several ranks: FSDP, ZeRO-3) every forward pass is a
+    collective, so the ranks agree before each tick on how many ``generate`` calls it takes, run
+    them with ``synced_gpus`` (transformers keeps finished ranks stepping), and a rank whose episodes
+    have ended keeps making one-token calls from :meth:`close` until every rank is done.
+    """
 
     def __init__(
         self,
@@ -20,6 +27,7 @@ class HFGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_batch: int = 16,
+        lockstep: Lockstep | None = None,
     ) -> None:
         self.model = model
         self.chat = ChatTokens(tokenizer)
@@ -27,16 +35,38 @@ class HFGenerator:
         self.temperature = temperature
         self.top_p = top_p
         self.max_batch = max_batch
+        self.lockstep = lockstep
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         import torch
 
+        batches = [requests[start : start + self.max_batch] for start in range(0, len(requests), self.max_batch)]
+        calls = len(batches)
+        if self.lockstep is not None:
+            calls = max(n for n in self.lockstep.exchange(len(batches)) if n is not None)
         out: list[Generation | None] = []
-        for start in range(0, len(requests), self.max_batch):
-            batch = requests[start : start + self.max_batch]
-            torch.manual_seed(seed + start)  # per-call seed: reruns and resumed runs sample the same
-            out += self._generate(batch)
+        for call in range(calls):
+            if call < len(batches):
+                torch.manual_seed(seed + call * self.max_batch)  # per-call seed: reruns and resumed runs sample the same
+                out += self._generate(batches[call])
+            else:
+                self._idle_call()
         return out
+
+    def close(self) -> None:
+        """Keep the group's collective forward passes matched until every rank is done (lockstep only)."""
+        if self.lockstep is not None:
+            self.lockstep.drain(lambda counts: [self._idle_call() for _ in range(max(n for n in counts if n is not None))])
+
+    def _idle_call(self) -> None:
+        """A one-token ``generate`` that takes part in the group's collectives and is thrown away."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        ids = torch.tensor([[self.tokenizer.pad_token_id]], device=device)
+        with torch.no_grad():
+            self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
+                                pad_token_id=self.tokenizer.pad_token_id, synced_gpus=True)  # fmt: skip
 
     def _generate(self, batch: Sequence[Request]) -> list[Generation]:
         import torch
@@ -62,6 +92,7 @@ class HFGenerator:
                 top_k=None,
                 eos_token_id=sorted(self.chat.eos_ids),
                 pad_token_id=pad,
+                synced_gpus=self.lockstep is not None,
             )
         generations = []
         for row, request in enumerate(batch):

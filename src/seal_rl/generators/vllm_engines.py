@@ -2,36 +2,82 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.generators.lockstep import Lockstep
 from seal_rl.rollout import Generation, Request
 from seal_rl.trajectory import ChatTokens
 
 
 class VLLMGenerator:
-    """TRL's colocated vLLM engine (``GRPOTrainer.vllm_generation``), on GPUs.
+    """TRL's colocated vLLM engine (``trainer.vllm_generation``) during training, on GPUs.
 
-    All ranks must call it in lockstep (colocated tensor-parallel groups and server mode are
-    collective): the training loop keeps ranks ticking together, padding finished ranks.
+    TRL builds the engine (``use_vllm: true``, ``vllm_mode: colocate``) and pushes the policy's
+    weights into it before every round; this generator asks it for the next message of every active
+    episode, with one ``SamplingParams`` per request: TRL's sampling settings, the request's own
+    token budget, and a seed from the call and the episode (reruns and resumed runs sample the same).
+    The sampled token's log-probability (vLLM ``processed_logprobs``, after temperature) comes back
+    with every token: TRL's importance-sampling correction compares it with the trainer's.
+
+    With ``vllm_tensor_parallel_size`` > 1 the ranks of a TP group share one engine and must call it
+    together with identical inputs: each call gathers the group's requests and generates their union
+    (:class:`~seal_rl.generators.lockstep.Lockstep`), and a rank whose episodes have ended keeps
+    taking part from :meth:`close` until the whole group is done.
     """
 
     def __init__(self, trainer: Any) -> None:
         if not getattr(trainer, "use_vllm", False):
             raise SealError("The vllm generator needs `use_vllm: true` in the recipe (and vLLM on a GPU machine).")
-        self.trainer = trainer
+        engine = trainer.vllm_generation
+        if engine.mode != "colocate":
+            raise SealError("The vllm generator drives a colocated engine; set grpo.vllm_mode: colocate.")
+        if engine.enable_sleep_mode:
+            raise SealError("vLLM sleep mode is not supported: a multi-turn round calls the engine once per turn, "
+                            "and level-2 sleep would re-push all weights before every call. Unset vllm_enable_sleep_mode.")  # fmt: skip
+        self.engine = engine
         self.chat = ChatTokens(trainer.processing_class)
+        self.lockstep = Lockstep(engine.tp_group) if engine.tensor_parallel_size > 1 else None
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        prompts = [r.prompt_ids for r in requests]
-        _, completion_ids, logprobs, _ = self.trainer.vllm_generation.generate(prompts, None, 1)
+        mine = [(list(r.prompt_ids), r.max_new_tokens, _request_seed(seed, r.episode)) for r in requests]
+        if self.lockstep is None:
+            return self._run(mine)
+        gathered = self.lockstep.exchange(mine)
+        offset = sum(len(p) for p in gathered[: self.lockstep.rank] if p)
+        return self._run([item for p in gathered if p for item in p])[offset : offset + len(mine)]
+
+    def close(self) -> None:
+        """Serve the TP group's remaining calls after this rank's episodes have ended."""
+        if self.lockstep is not None:
+            self.lockstep.drain(lambda gathered: self._run([item for p in gathered if p for item in p]))
+
+    def _run(self, items: list[tuple[list[int], int, int]]) -> list[Generation | None]:
+        from trl.generation import vllm_generation as trl_vllm  # the classes TRL's engine was built with
+
+        e = self.engine
+        params = [
+            trl_vllm.SamplingParams(
+                n=1, repetition_penalty=e.repetition_penalty, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
+                min_p=0.0 if e.min_p is None else e.min_p, max_tokens=budget, logprobs=e.logprobs, seed=seed,
+                **e.generation_kwargs,
+            )
+            for _, budget, seed in items
+        ]  # fmt: skip
+        outputs = e.llm.generate([{"prompt_token_ids": ids} for ids, _, _ in items], sampling_params=params, use_tqdm=False)
+        logprobs, _ = trl_vllm.extract_logprobs(outputs)
         out = []
-        for request, ids, lps in zip(requests, completion_ids, logprobs, strict=True):
-            ids = ids[: request.max_new_tokens]
-            flat = [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in lps[: len(ids)]]
-            out.append(Generation(self.chat.decode(ids), list(ids), flat))
+        for k, ((_, budget, _), output) in enumerate(zip(items, outputs, strict=True)):
+            ids = list(output.outputs[0].token_ids)[:budget]
+            sampled = [lp[0] for lp in logprobs[k][: len(ids)]] if logprobs is not None else None
+            out.append(Generation(self.chat.decode(ids), ids, sampled))
         return out
+
+
+def _request_seed(seed: int, episode: int) -> int:
+    return zlib.crc32(f"{seed}:{episode}".encode()) & 0x7FFFFFFF
 
 
 class VLLMEngineGenerator:

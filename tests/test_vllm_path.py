@@ -1,0 +1,162 @@
+"""The GPU rollout path on CPU: TRL's real colocated vLLM backend (``VLLMGeneration``) driving a fake
+``vllm.LLM`` (tests/fake_vllm.py) through a whole SEAL round, and the fake checked against the
+calls TRL 1.16 makes.
+
+What a random tiny model cannot give here is reward (every episode fails), so this file proves the
+plumbing: sampled log-probabilities reach TRL aligned with their tokens (the importance-sampling
+ratio is 1 where vLLM and the trainer share weights), budgets reach the engine, weights are pushed
+into it every step. Learning with signal is tested on the transformers path (test_learning.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import fake_vllm
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = "[multi_turn_base_105,multi_turn_miss_param_105]"
+
+
+def _trl_source() -> ast.Module:
+    from trl.generation import vllm_generation
+
+    return ast.parse(Path(vllm_generation.__file__).read_text())
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == name]
+
+
+def test_fake_llm_takes_every_argument_trl_passes():
+    (call,) = _calls(_trl_source(), "LLM")
+    keywords = {k.arg for k in call.keywords}
+    assert {"model", "max_model_len", "logprobs_mode", "seed", "tensor_parallel_size"} <= keywords
+    inspect.signature(fake_vllm.LLM).bind(**{k: None for k in keywords})  # raises on an unknown keyword
+
+
+def test_fake_sampling_params_take_every_field_trl_and_seal_set():
+    tree = _trl_source()
+    dicts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "generation_kwargs"
+             and isinstance(n.value, ast.Dict)]  # fmt: skip
+    keys = {k.value for d in dicts for k in d.keys}
+    assert {"n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "logprobs", "repetition_penalty"} <= keys
+    from seal_rl.generators import vllm_engines
+
+    ours = {k.arg for c in _calls(ast.parse(Path(vllm_engines.__file__).read_text()), "SamplingParams") for k in c.keywords if k.arg}
+    fields = set(inspect.signature(fake_vllm.SamplingParams).parameters)
+    assert keys <= fields and ours <= fields and "seed" in ours
+
+
+def test_fake_llm_has_every_attribute_trl_reaches(tiny_model_dir):
+    import re
+
+    from trl.generation import vllm_generation
+
+    paths = set(re.findall(r"self\.llm\.([A-Za-z_][\w.]*)", Path(vllm_generation.__file__).read_text()))
+    assert "llm_engine.model_executor.driver_worker.model_runner.model.load_weights" in paths
+    llm = fake_vllm.LLM(model=str(tiny_model_dir))
+    for path in paths:
+        node = llm
+        for part in path.split("."):
+            node = getattr(node, part)  # AttributeError names what TRL reaches and the fake lacks
+
+
+def test_trl_reads_the_fakes_outputs(tiny_model_dir):
+    from trl.generation.vllm_generation import extract_logprobs
+
+    llm = fake_vllm.LLM(model=str(tiny_model_dir), max_model_len=64)
+    outputs = llm.generate([{"prompt_token_ids": [5, 6, 7]}], fake_vllm.SamplingParams(max_tokens=4, logprobs=0, seed=3))
+    logprobs, token_ids = extract_logprobs(outputs)
+    assert len(logprobs[0]) == len(outputs[0].outputs[0].token_ids) <= 4
+    assert [ids[0] for ids in token_ids[0]] == outputs[0].outputs[0].token_ids
+    again = llm.generate([{"prompt_token_ids": [5, 6, 7]}], fake_vllm.SamplingParams(max_tokens=4, logprobs=0, seed=3))
+    assert again[0].outputs[0].token_ids == outputs[0].outputs[0].token_ids  # seeded
+    with pytest.raises(ValueError, match="maximum model length"):
+        llm.generate([{"prompt_token_ids": list(range(64))}], fake_vllm.SamplingParams())
+
+
+@pytest.fixture(scope="module")
+def vllm_round(tiny_model_dir, tmp_path_factory):
+    """Two SEAL rounds through TRL's colocated vLLM backend on the fake engine, with TRL's
+    importance-sampling correction on (the setting that crashed before log-probs were returned)."""
+    from trl import GRPOTrainer
+
+    from seal_rl.train import load_recipe, train
+
+    mp = pytest.MonkeyPatch()
+    fake_vllm.install(mp)
+    engines: list[fake_vllm.LLM] = []
+    original_init = fake_vllm.LLM.__post_init__
+
+    def record(self):
+        original_init(self)
+        engines.append(self)
+
+    mp.setattr(fake_vllm.LLM, "__post_init__", record)
+    seen: list[dict] = []
+    original = GRPOTrainer._compute_loss
+
+    def recording(self, model, inputs):
+        seen.append({k: inputs[k].detach().clone() for k in ("importance_sampling_ratio", "completion_mask", "tool_mask")})
+        return original(self, model, inputs)
+
+    mp.setattr(GRPOTrainer, "_compute_loss", recording)
+    environ = dict(os.environ)  # TRL's colocate set-up writes RANK/WORLD_SIZE/MASTER_* into the environment
+    out = tmp_path_factory.mktemp("vllm") / "run"
+    overrides = {
+        "model.path": str(tiny_model_dir), "data.task_ids": TASKS, "grpo.tasks_per_step": 2, "grpo.tasks_per_update": 2,
+        "grpo.per_device_train_batch_size": 2, "grpo.max_steps": 2, "grpo.use_vllm": True, "generator": "vllm",
+        "grpo.vllm_importance_sampling_correction": True, "budgets.max_completion_tokens": 256, "budgets.max_new_tokens": 16,
+    }  # fmt: skip
+    try:
+        recipe = load_recipe(ROOT / "configs" / "smoke-cpu.yaml", [f"{k}={v}" for k, v in overrides.items()])
+        summary = train(recipe, out)
+    finally:
+        mp.undo()
+        os.environ.clear()
+        os.environ.update(environ)
+    return recipe, summary, engines, seen, out
+
+
+def test_a_colocated_vllm_round_runs_with_log_probabilities(vllm_round):
+    recipe, summary, engines, seen, _ = vllm_round
+    assert summary["rounds"] == 2 and summary["apatch_hook_calls"] == 2
+    (engine,) = engines
+    assert len(seen) == 4  # 2 rounds x 2 micro-batches
+    for inputs in seen:
+        mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        ratio = inputs["importance_sampling_ratio"].expand_as(mask)[mask]
+        assert mask.sum() > 0
+        # vLLM's sampled log-probs equal the trainer's own (same weights, same temperature) only if they
+        # are aligned with the right tokens; any shift would put the ratio far from 1.
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-3), ratio
+
+
+def test_budgets_reach_the_engine(vllm_round):
+    recipe, _, engines, _, _ = vllm_round
+    (engine,) = engines
+    budgets = recipe.budgets
+    assert engine.max_model_len == budgets["max_prompt_tokens"] + budgets["max_completion_tokens"]
+    assert engine.calls and all(1 <= c["max_tokens"] <= budgets["max_new_tokens"] for c in engine.calls)
+    assert all(c["logprobs"] == 0 and c["seed"] is not None for c in engine.calls)
+
+
+def test_trained_weights_are_pushed_into_the_engine(vllm_round):
+    from safetensors.torch import load_file
+
+    _, _, engines, _, out = vllm_round
+    (engine,) = engines
+    loaded = engine.llm_engine.model_executor.driver_worker.model_runner.model.loaded
+    names = {n for n, _ in engine.hf_model.named_parameters()}
+    assert set(loaded) == names and len(loaded) == 2 * len(names)  # synced before each of the 2 rounds
+    # The engine holds the weights of the last sync: those of the round-1 checkpoint.
+    synced = load_file(out / "checkpoints" / "checkpoint-1" / "model.safetensors")
+    engine_weights = {k: v.detach() for k, v in engine.hf_model.named_parameters()}
+    assert all(torch.equal(synced[k], engine_weights[k]) for k in synced if k in engine_weights)
