@@ -63,3 +63,19 @@ class OracleOrPlain:
 
 def oracle_or_plain(trainer):
     return OracleOrPlain(trainer)
+
+
+FAILING_TASK = "multi_turn_miss_param_105"
+
+
+class FirstCallFails(OracleMix):
+    """OracleMix, except that every episode of ``FAILING_TASK`` gets a generation error on its
+    first call (a server that is down): those episodes end with no tokens at all."""
+
+    def generate(self, requests, seed):
+        out = super().generate(requests, seed)
+        return [Generation("", error="server down") if r.task.id == FAILING_TASK else g for r, g in zip(requests, out)]
+
+
+def first_call_fails(trainer):
+    return FirstCallFails()
