@@ -309,6 +309,35 @@ def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
     assert sum(r["episodes"] for r in state["profile"]["rounds"]) == 4  # the profile saw every rank
 
 
+def test_fsdp2_on_two_cpu_processes_matches_one_process_and_saves_a_model(uninterrupted, tiny_path, tmp_path):
+    """accelerate launch with the shipped FSDP2 CPU config (gloo): same A-Patch advantages and the
+    same weights as the single-process run on the same data; the final model/ reloads."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    reference, _, _, _ = uninterrupted
+    out = tmp_path / "fsdp"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
+               "--main_process_port", port, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
+               "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 1})]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "find_unused_parameters" not in result.stderr  # sharded by FSDP, not replicated by DDP
+    key = lambda r: (r["round"], r["task_id"], r["reward"], round(r["advantage_before"], 5), round(r["advantage_after"], 5))  # noqa: E731
+    assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
+    assert any(r["advantage_after"] != r["advantage_before"] for r in _jsonl(out / "trajectories.jsonl"))  # A-Patch acted
+    sharded, single = load_file(out / "model" / "model.safetensors"), load_file(reference / "model" / "model.safetensors")
+    assert sharded.keys() == single.keys()
+    assert all(torch.allclose(sharded[k], single[k], rtol=0, atol=1e-5) for k in single)
+    initial = load_file(Path(tiny_path) / "model.safetensors")
+    assert any(not torch.equal(initial[k], sharded[k]) for k in initial)
+    AutoModelForCausalLM.from_pretrained(out / "model")
+
+
 def test_report_of_a_training_run(uninterrupted):
     from seal_rl.report import write_report
 

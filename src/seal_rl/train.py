@@ -361,10 +361,9 @@ class SealLoop:
         best = self.recipe.eval.keep_best and (self.best_validation is None or average > self.best_validation)
         if best:
             self.best_validation = average
-            trainer.save_model(str(self.out / "best"))  # every rank: sharded models gather for the save
+            save_model(trainer, self.out / "best")  # every rank: sharded models gather for the save
         if self.is_main:
             if best:
-                trainer.processing_class.save_pretrained(str(self.out / "best"))
                 (self.out / "best" / "validation.json").write_text(json.dumps(line, indent=1) + "\n")
             with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
@@ -900,6 +899,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
     )  # fmt: skip
     trainer.seal = loop
+    _fsdp_on_cpu(trainer)
     if validation and recipe.eval.every_rounds:
         trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
     rounds_before = loop.state.round
@@ -909,16 +909,63 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
             f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
         )
-    # Every rank takes part in the final save: ZeRO-3 gathers 16-bit weights and FSDP a full state
-    # dict collectively (on rank 0 alone the first hangs, the second writes shards, not a model).
-    if trainer.is_fsdp_enabled:
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model(str(out / "model"))
-    if is_main:
-        tokenizer.save_pretrained(str(out / "model"))
+    save_model(trainer, out / "model")
     return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
             "apatch_hook_calls": loop.apatch_hook_calls,
             "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+
+
+def save_model(trainer: Any, path: Path) -> None:
+    """Save the policy as a plain transformers model directory (weights, config, tokenizer).
+
+    A collective: every rank must call it. ZeRO-3 gathers its 16-bit weights across ranks (on rank 0
+    alone it hangs); FSDP gathers a full state dict, which rank 0 writes itself — transformers'
+    ``save_pretrained`` would touch the still-sharded parameters on rank 0 alone and hang, and a
+    sharded state dict would write shards, not a model.
+    """
+    if not trainer.is_fsdp_enabled:
+        trainer.save_model(str(path))
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(str(path))
+        return
+    from safetensors.torch import save_file
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Collective; FSDP2 and FSDP1 alike: full tensors on rank 0, an empty dict elsewhere.
+    state_dict = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if getattr(model.config, "tie_word_embeddings", False):
+            state_dict.pop("lm_head.weight", None)  # tied to the input embeddings; safetensors refuses shared tensors
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(str(path))
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(str(path))
+        trainer.processing_class.save_pretrained(str(path))
+    trainer.accelerator.wait_for_everyone()
+
+
+def _fsdp_on_cpu(trainer: Any) -> None:
+    """Let ``accelerate launch`` with an FSDP config shard on CPU processes (gloo), as on GPUs.
+
+    accelerate turns its FSDP environment (``ACCELERATE_USE_FSDP``) into FSDP only for GPU-like
+    process types and silently falls back to DDP on CPU processes, although PyTorch's FSDP2 runs on
+    gloo. For tests and laptops (``configs/accelerate/fsdp-cpu.yaml``) the trainer's accelerator is
+    switched to FSDP, with the plugin accelerate builds from the same environment, before it wraps
+    the model.
+    """
+    import torch
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if torch.cuda.is_available() or state.num_processes == 1 or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return
+    if state.distributed_type != DistributedType.FSDP:
+        state.distributed_type = DistributedType.FSDP
+        state.fsdp_plugin = FullyShardedDataParallelPlugin()
+        trainer.is_fsdp_enabled = True
 
 
 def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str, Any]:
