@@ -271,21 +271,20 @@ def layer_activation_bytes_per_token(shape: ModelShape, a: int) -> int:
     return norms + attention + mlp
 
 
-def backbone_activation_bytes(shape: ModelShape, tokens: int, a: int, checkpointing: bool) -> int:
-    """Activations of the decoder stack (embeddings to final norm) for ``tokens`` tokens.
+def backbone_activation_bytes(shape: ModelShape, sequences: int, length: int, a: int, checkpointing: bool) -> int:
+    """Activations of the decoder stack (embeddings to final norm) for ``sequences`` x ``length`` tokens.
 
     Without checkpointing every layer keeps :func:`layer_activation_bytes_per_token`. With full
     checkpointing each layer keeps only its input (a·h, the "2sbh per layer" of Korthikanti et al.
     §4.1) and one layer's activations are rebuilt at a time during backward. Both add per token the
-    RoPE cos/sin (2·a·head_dim), the token ids for the embedding backward (8) and the final norm
-    (4h + 4 + a·h).
+    token ids for the embedding backward (8) and the final norm (4h + 4 + a·h), and per position
+    the RoPE cos and sin shared by the batch (2·a·head_dim).
     """
-    h = shape.hidden_size
-    shared = 2 * a * shape.head_dim + 8 + 4 * h + 4 + a * h
+    h, tokens = shape.hidden_size, sequences * length
+    per_token = 8 + 4 * h + 4 + a * h
     per_layer = layer_activation_bytes_per_token(shape, a)
-    if checkpointing:
-        return tokens * (shape.num_layers * a * h + per_layer + shared)
-    return tokens * (shape.num_layers * per_layer + shared)
+    layers = shape.num_layers * a * h + per_layer if checkpointing else shape.num_layers * per_layer
+    return tokens * (layers + per_token) + length * 2 * a * shape.head_dim
 
 
 def lm_head_bytes(shape: ModelShape, completion_tokens: int, a: int, weight_bytes: int) -> int:
@@ -446,11 +445,8 @@ class Plan:
         """Why the recipe does not fit (one line), or ``""``."""
         if self.training_bytes > self.training_budget:
             over = (self.training_bytes - self.training_budget) / GiB
-            hints = "more GPUs, zero3, gradient checkpointing, a smaller micro-batch or shorter budgets"
-            if self.vllm is not None and not self.vllm.sleep_mode:
-                hints += ", or a lower grpo.vllm_gpu_memory_utilization"
             return (f"training needs {self.training_bytes / GiB:.1f} GiB per GPU but {self.training_budget / GiB:.1f} GiB "
-                    f"is available ({over:.1f} GiB short); try {hints}.")  # fmt: skip
+                    f"is available ({over:.1f} GiB short); try {self._remedies()}.")  # fmt: skip
         if self.vllm is not None and not self.vllm.starts:
             if self.vllm.kv_cache <= 0:
                 return (f"vLLM's {self.vllm.budget / GiB:.1f} GiB (vllm_gpu_memory_utilization {self.vllm.utilization}) "
@@ -459,6 +455,20 @@ class Plan:
                     f"so vLLM will not start; set grpo.extra.vllm_max_model_length (e.g. {self.longest_sequence}) "
                     f"or raise grpo.vllm_gpu_memory_utilization.")  # fmt: skip
         return ""
+
+    def _remedies(self) -> str:
+        """What could make the training side fit, leaving out what the recipe already does."""
+        remedies = ["more GPUs"]
+        if self.strategy not in ("zero3", "fsdp"):
+            remedies.append("--strategy zero3")
+        if not self.checkpointing:
+            remedies.append("model.gradient_checkpointing=true")
+        if self.micro_batch > 1:
+            remedies.append("a smaller grpo.per_device_train_batch_size")
+        remedies.append("shorter budgets")
+        if self.vllm is not None and not self.vllm.sleep_mode:
+            remedies.append("a lower grpo.vllm_gpu_memory_utilization")
+        return ", ".join(remedies[:-1]) + " or " + remedies[-1]
 
 
 # -- the estimator -----------------------------------------------------------------------------
@@ -515,7 +525,7 @@ def estimate(
     if gathered:
         memory.append(MemoryLine("gathered weights (2 layers + LM head)", gathered, "ZeRO-3/FSDP working set"))
     a = p.activation_bytes
-    activations = backbone_activation_bytes(shape, b * sequence, a, ckpt)
+    activations = backbone_activation_bytes(shape, b, sequence, a, ckpt)
     mode = "checkpointed" if ckpt else "no checkpointing"
     memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {mode})", activations,
                              "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"))  # fmt: skip
@@ -577,7 +587,7 @@ def estimate(
         model=recipe.model.path, shape=shape, gpus=gpus, gpu_memory=gpu_memory, strategy=strategy, precision=p,
         checkpointing=ckpt, micro_batch=b, prompt_tokens=prompt, completion_tokens=completion, layout=layout,
         episodes=episodes, num_tasks=num_tasks, rounds=rounds, steps=steps, memory=memory,
-        activations_other=backbone_activation_bytes(shape, b * sequence, a, not ckpt),
+        activations_other=backbone_activation_bytes(shape, b, sequence, a, not ckpt),
         logits_if_materialised=materialised_logits_bytes(shape, b * completion), training_budget=training_budget,
         vllm=vllm, trained_tokens=episodes * sequence, generated_tokens=episodes * generated_per_episode,
         forwards=forwards, forward_flops_per_token=forward_flops_per_token(shape, sequence), gen_tokens_per_s=gen_rate,
