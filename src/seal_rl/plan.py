@@ -662,7 +662,7 @@ def render(plan: Plan) -> str:
         f"sequence   prompt {plan.prompt_tokens} + completion {plan.completion_tokens} = {plan.longest_sequence} tokens at most",
         f"batch      {plan.episodes} episodes per round ({plan.episodes // plan.gpus} per GPU); micro-batch {plan.micro_batch}; "
         f"steps_per_generation {lay['steps_per_generation']}, gradient_accumulation_steps {lay['gradient_accumulation_steps']}, "
-        f"{lay['updates_per_round']} optimizer steps per round",
+        f"optimizer steps per round {lay['updates_per_round']}",
         f"run        {plan.num_tasks} training tasks -> {plan.rounds} rounds, {plan.steps} optimizer steps",
         "",
         "training memory per GPU (estimate)                    GiB  formula",
@@ -705,12 +705,17 @@ def render(plan: Plan) -> str:
         f"at {plan.gen_tokens_per_s:,.0f} tokens/s per GPU -> {_duration(plan.generation_seconds_per_round)}",
         f"  per round <= {_duration(plan.seconds_per_round)}; {plan.rounds} rounds <= {_duration(plan.rounds * plan.seconds_per_round)}",
         "",
-        f"assumptions: training at MFU {a.mfu:g} of {a.peak_tflops:g} TFLOP/s per GPU (forward-equivalents: 3 for forward+backward, "
-        f"+1 recompute with checkpointing, +1 old log-probs, +1 reference when beta > 0); generation "
-        + (f"{a.gen_tokens_per_s:g} tokens/s per GPU (given)" if a.gen_tokens_per_s else
-           f"at a decode roofline, {a.decode_efficiency:g} of {a.hbm_tb_per_s:g} TB/s (weights + KV read per step)")
-        + f"; {a.overhead_gib:g} GiB CUDA/NCCL/fragmentation overhead per GPU; environment and validation time not counted.",
+        "assumptions (all are options of seal plan):",
+        f"  training at MFU {a.mfu:g} of {a.peak_tflops:g} TFLOP/s per GPU; forward-equivalents per token: 3 for forward and "
+        "backward, +1 recompute with checkpointing, +1 old log-probs (TRL computes them with vLLM or several updates per "
+        "round), +1 reference forward when beta > 0",
+        "  generation at " + (f"{a.gen_tokens_per_s:g} tokens/s per GPU (given)" if a.gen_tokens_per_s else
+                              f"a decode roofline: {a.decode_efficiency:g} of {a.hbm_tb_per_s:g} TB/s, each step reading the weights "
+                              "and every running sequence's KV cache (mean context: prompt + completion / 2); prefill not counted"),
+        f"  {a.overhead_gib:g} GiB per GPU for the CUDA context, NCCL buffers and fragmentation; environment, validation and "
+        "weight-sync time not counted",
     ]  # fmt: skip
     lines += [f"note: {note}" for note in plan.notes]
-    lines += ["", "fits" if plan.fits else f"does not fit: {plan.reason}"]
+    spare = (plan.training_budget - plan.training_bytes) / GiB
+    lines += ["", f"fits ({spare:.1f} GiB to spare per GPU)" if plan.fits else f"does not fit: {plan.reason}"]
     return "\n".join(lines)
