@@ -206,6 +206,7 @@ def test_the_paper_recipe_does_not_fit_on_four_24_gib_gpus(monkeypatch, capsys):
         (["--gpus", "4", "--gpu-memory", "-1"], "--gpu-memory must be positive"),
         (["--gpus", "3", "--gpu-memory", "80"], "must be a multiple of per_device_train_batch_size"),
         (["--gpus", "4", "--gpu-memory", "80", "--strategy", "zero4"], "Unknown strategy"),
+        (["--gpus", "4", "--gpu-memory", "80", "--mfu", "0"], "--mfu and --decode-efficiency in (0, 1]"),
         (["--gpus", "4", "--gpu-memory", "80", "--set", "model.path=preset:gpt-5"], "Unknown model preset 'gpt-5'"),
         (["--gpus", "4", "--gpu-memory", "80", "--set", "model.path=/nonexistent"], "config.json does not exist"),
     ],

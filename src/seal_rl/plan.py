@@ -35,6 +35,9 @@ GiB = 2**30
 PRESET_PREFIX = "preset:"
 STRATEGIES = ("zero3", "zero2", "zero1", "fsdp", "ddp")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+VLLM_DTYPE_BYTES = 2
+"""vLLM's ``dtype="auto"`` (what TRL's colocated engine uses) serves bf16 checkpoints in bf16 and
+fp32/fp16 ones in fp16: 2 bytes for weights and KV cache either way."""
 
 # TRL 1.16 fused LM head (trl/kernels/chunked_logprob.py): tokens x vocabulary tile sizes.
 TRL_TOKEN_CHUNK = 4096
@@ -374,6 +377,14 @@ class Assumptions:
     vllm_overhead_gib: float = 1.5
     """vLLM's non-KV memory besides the weights: profiling activations and CUDA graphs"""
 
+    def __post_init__(self) -> None:
+        if min(self.peak_tflops, self.hbm_tb_per_s) <= 0 or not 0 < self.mfu <= 1 or not 0 < self.decode_efficiency <= 1:
+            raise SealError("--peak-tflops and --hbm-tb-s must be positive, --mfu and --decode-efficiency in (0, 1].")
+        if self.gen_tokens_per_s is not None and self.gen_tokens_per_s <= 0:
+            raise SealError("--gen-tokens-per-s must be positive.")
+        if min(self.overhead_gib, self.vllm_overhead_gib) < 0:
+            raise SealError("--overhead-gib and --vllm-overhead-gib must be >= 0.")
+
 
 @dataclass(frozen=True)
 class MemoryLine:
@@ -502,96 +513,53 @@ def estimate(
     g, budgets = recipe.grpo, recipe.budgets
     p = precision(recipe, shape)
     gpu_memory = int(gpu_memory_gb * GiB)
-    ckpt = recipe.model.gradient_checkpointing
     b = g.per_device_train_batch_size
     prompt, completion = budgets["max_prompt_tokens"], budgets["max_completion_tokens"]
     sequence = prompt + completion
-    psi = shape.parameters
-    sharded = strategy in ("zero3", "fsdp")
+    mean_context = prompt + completion // 2
 
-    states = model_states(psi, gpus, strategy, p)
-    over = f"/{gpus}" if gpus > 1 else ""
-    memory = [
-        MemoryLine(f"weights ({p.weight_bytes} bytes/param)", states.weights, f"{p.weight_bytes}Ψ{over if sharded else ''}"),
-        MemoryLine(f"gradients ({p.grad_bytes} bytes/param)", states.gradients,
-                   f"{p.grad_bytes}Ψ{over if strategy in ('zero2', 'zero3', 'fsdp') else ''}"),
-        MemoryLine(f"optimizer state (Adam, K={p.optimizer_bytes})", states.optimizer,
-                   f"{p.optimizer_bytes}Ψ{over if strategy != 'ddp' else ''}"),
-    ]  # fmt: skip
-    if g.beta > 0:  # TRL keeps a frozen reference copy; DeepSpeed ZeRO-3 and FSDP shard it too
-        memory.append(MemoryLine(f"reference model (beta={g.beta:g})", math.ceil(psi / (gpus if sharded else 1)) * p.weight_bytes,
-                                 f"{p.weight_bytes}Ψ{over if sharded else ''}"))  # fmt: skip
-    gathered = gathered_parameter_bytes(shape, strategy, p.weight_bytes)
-    if gathered:
-        memory.append(MemoryLine("gathered weights (2 layers + LM head)", gathered, "ZeRO-3/FSDP working set"))
-    a = p.activation_bytes
-    activations = backbone_activation_bytes(shape, b, sequence, a, ckpt)
-    mode = "checkpointed" if ckpt else "no checkpointing"
-    memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {mode})", activations,
-                             "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"))  # fmt: skip
-    memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)", lm_head_bytes(shape, b * completion, a, p.weight_bytes),
-                             f"{b} x {completion} completion tokens"))  # fmt: skip
-
+    memory = _training_memory(recipe, shape, p, gpus, strategy)
     notes = []
     vllm = None
-    overhead = int(assumptions.overhead_gib * GiB)
-    training_budget = gpu_memory - overhead
+    training_budget = gpu_memory - int(assumptions.overhead_gib * GiB)
     if g.use_vllm and g.vllm_mode == "colocate":
-        per_rank = g.tasks_per_step * g.num_generations // gpus
-        sleep = bool(g.extra.get("vllm_enable_sleep_mode", False))
-        max_len = int(g.extra.get("vllm_max_model_length") or shape.max_position_embeddings or sequence)
-        vllm = VLLMPlan(
-            utilization=g.vllm_gpu_memory_utilization, budget=int(g.vllm_gpu_memory_utilization * gpu_memory),
-            weights=psi * DTYPE_BYTES.get(shape.dtype, 2), overhead=int(assumptions.vllm_overhead_gib * GiB),
-            kv_bytes_per_token=kv_cache_bytes_per_token(shape, DTYPE_BYTES.get(shape.dtype, 2)), max_model_len=max_len,
-            concurrent_sequences=min(recipe.concurrency, per_rank), longest_sequence=sequence, sleep_mode=sleep,
-        )  # fmt: skip
-        if sleep:
+        vllm = _vllm_plan(recipe, shape, gpus, gpu_memory, assumptions)
+        if vllm.sleep_mode:
             notes.append("vLLM sleep mode: the engine frees its memory while training, so training may use the whole GPU.")
         else:
             training_budget -= vllm.budget
     elif g.use_vllm:
         notes.append("vLLM server mode: generation runs on other GPUs, which this plan does not cover.")
     else:
-        kv = kv_cache_bytes_per_token(shape, a) * min(recipe.generation_batch, recipe.concurrency) * sequence
-        memory.append(MemoryLine(f"hf generate KV cache ({recipe.generation_batch} sequences)", kv,
+        running = min(recipe.generation_batch, recipe.concurrency)
+        memory.append(MemoryLine(f"hf generate KV cache ({running} sequences)",
+                                 kv_cache_bytes_per_token(shape, p.activation_bytes) * running * sequence,
                                  "generation phase; freed before training"))  # fmt: skip
         notes.append("generator hf: counted as if its KV cache were alive at the training peak (it is not: an upper bound).")
-        if sharded:
+        if strategy in ("zero3", "fsdp"):
             notes.append("generator hf under ZeRO-3/FSDP gathers the weights at every decoding step: far slower than estimated.")
 
-    num_tasks = _training_tasks(recipe) if num_tasks is None else num_tasks
-    rounds_per_epoch = num_tasks // g.tasks_per_step
-    if rounds_per_epoch == 0 and g.max_steps <= 0:
-        raise SealError(f"{num_tasks} training tasks but tasks_per_step is {g.tasks_per_step}; no round can be played.")
-    updates = layout["updates_per_round"]
-    steps = g.max_steps if g.max_steps > 0 else math.ceil(g.num_train_epochs * rounds_per_epoch * updates)
-    rounds = math.ceil(steps / updates)
-
-    episodes = g.tasks_per_step * g.num_generations
-    max_calls = int(recipe.env.get("max_model_calls", 20))
-    generated_per_episode = min(completion, max_calls * budgets["max_new_tokens"])
-    old_logps = layout["gradient_accumulation_steps"] % layout["steps_per_generation"] != 0 or (
-        g.use_vllm and bool(g.extra.get("vllm_importance_sampling_correction", True))
-    )
-    forwards = 3 + ckpt + old_logps + (g.beta > 0)
-    if vllm is not None and assumptions.gen_tokens_per_s is None:
-        gen_rate = decode_tokens_per_s(vllm, prompt + completion // 2, assumptions)
-    elif assumptions.gen_tokens_per_s is None:
-        cache = kv_cache_bytes_per_token(shape, a)
-        gen_rate = _roofline(psi * p.weight_bytes, min(recipe.generation_batch, recipe.concurrency), prompt + completion // 2,
-                             cache, assumptions)  # fmt: skip
-    else:
+    if assumptions.gen_tokens_per_s is not None:
         gen_rate = assumptions.gen_tokens_per_s
+    elif vllm is not None:
+        gen_rate = decode_tokens_per_s(vllm, mean_context, assumptions)
+    else:
+        gen_rate = _roofline(shape.parameters * p.weight_bytes, min(recipe.generation_batch, recipe.concurrency), mean_context,
+                             kv_cache_bytes_per_token(shape, p.activation_bytes), assumptions)  # fmt: skip
+
+    num_tasks = _training_tasks(recipe) if num_tasks is None else num_tasks
+    rounds, steps = run_length(recipe, layout, num_tasks)
+    episodes = g.tasks_per_step * g.num_generations
+    generated_per_episode = min(completion, int(recipe.env.get("max_model_calls", 20)) * budgets["max_new_tokens"])
     return Plan(
         model=recipe.model.path, shape=shape, gpus=gpus, gpu_memory=gpu_memory, strategy=strategy, precision=p,
-        checkpointing=ckpt, micro_batch=b, prompt_tokens=prompt, completion_tokens=completion, layout=layout,
-        episodes=episodes, num_tasks=num_tasks, rounds=rounds, steps=steps, memory=memory,
-        activations_other=backbone_activation_bytes(shape, b, sequence, a, not ckpt),
+        checkpointing=recipe.model.gradient_checkpointing, micro_batch=b, prompt_tokens=prompt, completion_tokens=completion,
+        layout=layout, episodes=episodes, num_tasks=num_tasks, rounds=rounds, steps=steps, memory=memory,
+        activations_other=backbone_activation_bytes(shape, b, sequence, p.activation_bytes, not recipe.model.gradient_checkpointing),
         logits_if_materialised=materialised_logits_bytes(shape, b * completion), training_budget=training_budget,
         vllm=vllm, trained_tokens=episodes * sequence, generated_tokens=episodes * generated_per_episode,
-        forwards=forwards, forward_flops_per_token=forward_flops_per_token(shape, sequence), gen_tokens_per_s=gen_rate,
-        assumptions=assumptions, notes=notes,
+        forwards=forward_passes(recipe, layout), forward_flops_per_token=forward_flops_per_token(shape, sequence),
+        gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes,
     )  # fmt: skip
 
 
@@ -599,6 +567,78 @@ def plan_for_training(recipe: SealRecipe, gpus: int, gpu_memory_gb: float, strat
                       num_tasks: int | None = None) -> Plan:  # fmt: skip
     """The plan ``seal train`` can check before it starts (default assumptions)."""
     return estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory_gb, strategy=strategy, num_tasks=num_tasks)
+
+
+def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: int, strategy: str) -> list[MemoryLine]:
+    """The training side's memory lines for one GPU at its peak (the start of the backward pass)."""
+    g = recipe.grpo
+    psi = shape.parameters
+    sharded = strategy in ("zero3", "fsdp")
+    states = model_states(psi, gpus, strategy, p)
+
+    def over(divided: bool) -> str:
+        return f"/{gpus}" if divided and gpus > 1 else ""
+
+    memory = [
+        MemoryLine(f"weights ({p.weight_bytes} bytes/param)", states.weights, f"{p.weight_bytes}Ψ{over(sharded)}"),
+        MemoryLine(f"gradients ({p.grad_bytes} bytes/param)", states.gradients, f"{p.grad_bytes}Ψ{over(strategy not in ('ddp', 'zero1'))}"),
+        MemoryLine(f"optimizer state (Adam, K={p.optimizer_bytes})", states.optimizer, f"{p.optimizer_bytes}Ψ{over(strategy != 'ddp')}"),
+    ]  # fmt: skip
+    if g.beta > 0:  # TRL keeps a frozen reference copy; DeepSpeed ZeRO-3 and FSDP shard it too
+        reference = math.ceil(psi / (gpus if sharded else 1)) * p.weight_bytes
+        memory.append(MemoryLine(f"reference model (beta={g.beta:g})", reference, f"{p.weight_bytes}Ψ{over(sharded)}"))
+    if sharded:
+        memory.append(MemoryLine("gathered weights (2 layers + LM head)", gathered_parameter_bytes(shape, strategy, p.weight_bytes),
+                                 "ZeRO-3/FSDP working set"))  # fmt: skip
+    b, a, ckpt = g.per_device_train_batch_size, p.activation_bytes, recipe.model.gradient_checkpointing
+    completion = recipe.budgets["max_completion_tokens"]
+    sequence = recipe.budgets["max_prompt_tokens"] + completion
+    memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {'checkpointed' if ckpt else 'no checkpointing'})",
+                             backbone_activation_bytes(shape, b, sequence, a, ckpt),
+                             "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"))  # fmt: skip
+    memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)", lm_head_bytes(shape, b * completion, a, p.weight_bytes),
+                             f"{b} x {completion} completion tokens"))  # fmt: skip
+    return memory
+
+
+def _vllm_plan(recipe: SealRecipe, shape: ModelShape, gpus: int, gpu_memory: int, assumptions: Assumptions) -> VLLMPlan:
+    """TRL's colocated engine: ``max_num_seqs`` is the episodes of one rank, seal-rl plays
+    ``concurrency`` of them at once; ``max_model_len`` defaults to the model's context length."""
+    g = recipe.grpo
+    sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
+    per_rank = g.tasks_per_step * g.num_generations // gpus
+    return VLLMPlan(
+        utilization=g.vllm_gpu_memory_utilization, budget=int(g.vllm_gpu_memory_utilization * gpu_memory),
+        weights=shape.parameters * VLLM_DTYPE_BYTES, overhead=int(assumptions.vllm_overhead_gib * GiB),
+        kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES),
+        max_model_len=int(g.extra.get("vllm_max_model_length") or shape.max_position_embeddings or sequence),
+        concurrent_sequences=min(recipe.concurrency, per_rank), longest_sequence=sequence,
+        sleep_mode=bool(g.extra.get("vllm_enable_sleep_mode", False)),
+    )  # fmt: skip
+
+
+def run_length(recipe: SealRecipe, layout: dict[str, int], num_tasks: int) -> tuple[int, int]:
+    """(rounds, optimizer steps) as TRL counts them: its ``RepeatSampler`` drops an incomplete last
+    batch, so an epoch has ⌊tasks / tasks_per_step⌋ rounds, and the Trainer runs
+    ⌈epochs × steps per epoch⌉ optimizer steps unless ``max_steps`` is set."""
+    g = recipe.grpo
+    rounds_per_epoch = num_tasks // g.tasks_per_step
+    if rounds_per_epoch == 0 and g.max_steps <= 0:
+        raise SealError(f"{num_tasks} training tasks but tasks_per_step is {g.tasks_per_step}; no round can be played.")
+    updates = layout["updates_per_round"]
+    steps = g.max_steps if g.max_steps > 0 else math.ceil(g.num_train_epochs * rounds_per_epoch * updates)
+    return math.ceil(steps / updates), steps
+
+
+def forward_passes(recipe: SealRecipe, layout: dict[str, int]) -> int:
+    """Forward-equivalents per trained token: 3 for forward and backward, +1 recompute with
+    checkpointing, +1 old log-probs (TRL 1.16 computes them when a round holds several optimizer
+    steps or vLLM's importance-sampling correction is on), +1 reference forward when beta > 0."""
+    g = recipe.grpo
+    old_logps = layout["gradient_accumulation_steps"] % layout["steps_per_generation"] != 0 or (
+        g.use_vllm and bool(g.extra.get("vllm_importance_sampling_correction", True))
+    )
+    return 3 + int(recipe.model.gradient_checkpointing) + int(old_logps) + int(g.beta > 0)
 
 
 def _training_tasks(recipe: SealRecipe) -> int:
@@ -686,7 +726,7 @@ def render(plan: Plan) -> str:
             f"vLLM colocated, per GPU (estimate): {v.utilization:g} x {plan.gpu_memory / GiB:g} GiB = {v.budget / GiB:.2f} GiB",
             f"  weights {v.weights / GiB:.2f} GiB + non-KV overhead {v.overhead / GiB:.2f} GiB (assumed) + KV cache {v.kv_cache / GiB:.2f} GiB",
             f"  KV cache {v.kv_bytes_per_token:,} bytes/token (2 x {s.num_layers} layers x {s.num_key_value_heads} kv heads x "
-            f"{s.head_dim} x {DTYPE_BYTES.get(s.dtype, 2)} bytes) -> {v.kv_tokens:,} tokens",
+            f"{s.head_dim} x {VLLM_DTYPE_BYTES} bytes) -> {v.kv_tokens:,} tokens",
             f"  max_model_len {v.max_model_len:,}: {'fits' if v.starts else 'DOES NOT FIT (vLLM will not start)'}",
         ]  # fmt: skip
         need = f"{v.concurrent_sequences} concurrent sequences x {v.longest_sequence} tokens = {v.tokens_needed:,} tokens"
