@@ -139,13 +139,21 @@ def test_kv_cache_bytes_per_token_follow_vllms_arithmetic():
     assert kv_cache_bytes_per_token(PRESETS["qwen2.5-7b"]) == 56 * 1024  # 28 layers x 4 kv heads x 128 x 2 x 2
 
 
-def test_vllm_refuses_to_start_when_max_model_len_does_not_fit_and_the_fix_helps():
-    settings = ["model.path=preset:llama3.1-8b", "grpo.per_device_train_batch_size=1"]
+def test_vllm_refuses_to_start_without_room_for_one_sequence_and_tensor_parallel_helps():
+    """0.2 x 80 GiB = 16 GiB holds the 7.6B weights (14.2 GiB) and little else."""
+    settings = [*PAPER_SETTINGS, "grpo.vllm_gpu_memory_utilization=0.2"]
     plan = estimate(load_recipe(PAPER, settings), gpus=4, gpu_memory_gb=80, num_tasks=400)
-    assert plan.vllm.max_model_len == 131072 and not plan.vllm.starts
-    assert not plan.fits and "vllm_max_model_length" in plan.reason
-    plan = estimate(load_recipe(PAPER, [*settings, "grpo.extra.vllm_max_model_length=16384"]), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert plan.vllm.max_model_len == 8192 + 4096 and not plan.vllm.starts
+    assert not plan.fits and "vLLM will not start" in plan.reason
+    plan = estimate(load_recipe(PAPER, [*settings, "grpo.vllm_tensor_parallel_size=2"]), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert plan.vllm.weights == pytest.approx(2 * PRESETS["qwen2.5-7b"].parameters / 2, abs=2)
     assert plan.vllm.starts and plan.fits, plan.reason
+
+
+def test_budgets_beyond_the_models_context_are_refused():
+    settings = [*PAPER_SETTINGS, "budgets.max_prompt_tokens=30000"]
+    plan = estimate(load_recipe(PAPER, settings), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert not plan.fits and "exceed the model's context length (32,768)" in plan.reason
 
 
 # -- the whole plan -----------------------------------------------------------------------------

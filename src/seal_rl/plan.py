@@ -64,7 +64,7 @@ class ModelShape:
     o_bias: bool = False
     mlp_bias: bool = False
     max_position_embeddings: int = 0
-    """the longest context; vLLM's default ``max_model_len`` (0: unknown)"""
+    """the longest context (0: unknown); vLLM refuses a longer ``max_model_len``"""
     dtype: str = "bfloat16"
     """the checkpoint's dtype (config ``torch_dtype``): what ``dtype: auto`` and vLLM load"""
 
@@ -320,18 +320,23 @@ def kv_cache_bytes_per_token(shape: ModelShape, dtype_bytes: int = 2) -> int:
 
 @dataclass(frozen=True)
 class VLLMPlan:
-    """The colocated engine on one GPU (tensor parallel 1, as seal-rl runs TRL's colocate mode)."""
+    """One GPU's share of TRL's colocated engine; an engine spans ``tensor_parallel`` GPUs."""
 
     utilization: float
     budget: int
     weights: int
+    """this GPU's shard of the weights: 2Ψ / tensor_parallel"""
     overhead: int
     """non-KV memory: profiling activations and CUDA graphs (an assumption)"""
     kv_bytes_per_token: int
+    """the whole model's KV cache per token"""
+    tensor_parallel: int
+    kv_bytes_per_token_per_gpu: int
+    """this GPU's share: its kv heads (kv_heads / tensor_parallel, at least one)"""
     max_model_len: int
     concurrent_sequences: int
+    """sequences one engine serves at once: ``concurrency`` from each rank of its group"""
     longest_sequence: int
-    sleep_mode: bool
 
     @property
     def kv_cache(self) -> int:
@@ -339,7 +344,8 @@ class VLLMPlan:
 
     @property
     def kv_tokens(self) -> int:
-        return max(0, self.kv_cache) // self.kv_bytes_per_token
+        """Tokens one engine's cache holds."""
+        return max(0, self.kv_cache) // self.kv_bytes_per_token_per_gpu
 
     @property
     def tokens_needed(self) -> int:
@@ -454,6 +460,10 @@ class Plan:
     @property
     def reason(self) -> str:
         """Why the recipe does not fit (one line), or ``""``."""
+        context = self.shape.max_position_embeddings
+        if self.vllm is not None and context and self.vllm.max_model_len > context:
+            return (f"the budgets ({self.vllm.max_model_len:,} tokens) exceed the model's context length ({context:,}), "
+                    "which vLLM refuses as max_model_len; shorten budgets.max_prompt_tokens or max_completion_tokens.")  # fmt: skip
         if self.training_bytes > self.training_budget:
             over = (self.training_bytes - self.training_budget) / GiB
             return (f"training needs {self.training_bytes / GiB:.1f} GiB per GPU but {self.training_budget / GiB:.1f} GiB "
@@ -461,10 +471,11 @@ class Plan:
         if self.vllm is not None and not self.vllm.starts:
             if self.vllm.kv_cache <= 0:
                 return (f"vLLM's {self.vllm.budget / GiB:.1f} GiB (vllm_gpu_memory_utilization {self.vllm.utilization}) "
-                        f"leaves no room for a KV cache after {self.vllm.weights / GiB:.1f} GiB of weights; raise it.")  # fmt: skip
-            return (f"vLLM's KV cache holds {self.vllm.kv_tokens:,} tokens, less than max_model_len {self.vllm.max_model_len:,}, "
-                    f"so vLLM will not start; set grpo.extra.vllm_max_model_length (e.g. {self.longest_sequence}) "
-                    f"or raise grpo.vllm_gpu_memory_utilization.")  # fmt: skip
+                        f"leaves no room for a KV cache after {self.vllm.weights / GiB:.1f} GiB of weights; raise it or "
+                        "grpo.vllm_tensor_parallel_size.")  # fmt: skip
+            return (f"vLLM's KV cache holds {self.vllm.kv_tokens:,} tokens, less than one full sequence (max_model_len "
+                    f"{self.vllm.max_model_len:,}), so vLLM will not start; raise grpo.vllm_gpu_memory_utilization or "
+                    f"grpo.vllm_tensor_parallel_size, or shorten the budgets.")  # fmt: skip
         return ""
 
     def _remedies(self) -> str:
@@ -477,7 +488,7 @@ class Plan:
         if self.micro_batch > 1:
             remedies.append("a smaller grpo.per_device_train_batch_size")
         remedies.append("shorter budgets")
-        if self.vllm is not None and not self.vllm.sleep_mode:
+        if self.vllm is not None:
             remedies.append("a lower grpo.vllm_gpu_memory_utilization")
         return ", ".join(remedies[:-1]) + " or " + remedies[-1]
 
@@ -522,14 +533,9 @@ def estimate(
     notes = []
     vllm = None
     training_budget = gpu_memory - int(assumptions.overhead_gib * GiB)
-    if g.use_vllm and g.vllm_mode == "colocate":
+    if g.use_vllm:  # colocated: the recipe refuses server and sleep modes
         vllm = _vllm_plan(recipe, shape, gpus, gpu_memory, assumptions)
-        if vllm.sleep_mode:
-            notes.append("vLLM sleep mode: the engine frees its memory while training, so training may use the whole GPU.")
-        else:
-            training_budget -= vllm.budget
-    elif g.use_vllm:
-        notes.append("vLLM server mode: generation runs on other GPUs, which this plan does not cover.")
+        training_budget -= vllm.budget
     else:
         running = min(recipe.generation_batch, recipe.concurrency)
         memory.append(MemoryLine(f"hf generate KV cache ({running} sequences)",
@@ -602,18 +608,22 @@ def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: 
 
 
 def _vllm_plan(recipe: SealRecipe, shape: ModelShape, gpus: int, gpu_memory: int, assumptions: Assumptions) -> VLLMPlan:
-    """TRL's colocated engine: ``max_num_seqs`` is the episodes of one rank, seal-rl plays
-    ``concurrency`` of them at once; ``max_model_len`` defaults to the model's context length."""
+    """TRL's colocated engine as ``seal train`` configures it: ``max_model_len`` is the prompt plus
+    completion budget, an engine spans ``vllm_tensor_parallel_size`` ranks and serves the
+    ``concurrency`` episodes of each of them (at most that rank's episodes of the round)."""
     g = recipe.grpo
+    tp = g.vllm_tensor_parallel_size
+    if gpus % tp:
+        raise SealError(f"grpo.vllm_tensor_parallel_size ({tp}) must divide --gpus ({gpus}).")
     sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
     per_rank = g.tasks_per_step * g.num_generations // gpus
+    kv_heads_per_gpu = max(1, shape.num_key_value_heads // tp)  # vLLM replicates kv heads when tp > kv_heads
     return VLLMPlan(
         utilization=g.vllm_gpu_memory_utilization, budget=int(g.vllm_gpu_memory_utilization * gpu_memory),
-        weights=shape.parameters * VLLM_DTYPE_BYTES, overhead=int(assumptions.vllm_overhead_gib * GiB),
-        kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES),
-        max_model_len=int(g.extra.get("vllm_max_model_length") or shape.max_position_embeddings or sequence),
-        concurrent_sequences=min(recipe.concurrency, per_rank), longest_sequence=sequence,
-        sleep_mode=bool(g.extra.get("vllm_enable_sleep_mode", False)),
+        weights=math.ceil(shape.parameters / tp) * VLLM_DTYPE_BYTES, overhead=int(assumptions.vllm_overhead_gib * GiB),
+        kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES), tensor_parallel=tp,
+        kv_bytes_per_token_per_gpu=2 * shape.num_layers * kv_heads_per_gpu * shape.head_dim * VLLM_DTYPE_BYTES,
+        max_model_len=sequence, concurrent_sequences=tp * min(recipe.concurrency, per_rank), longest_sequence=sequence,
     )  # fmt: skip
 
 
@@ -636,7 +646,7 @@ def forward_passes(recipe: SealRecipe, layout: dict[str, int]) -> int:
     steps or vLLM's importance-sampling correction is on), +1 reference forward when beta > 0."""
     g = recipe.grpo
     old_logps = layout["gradient_accumulation_steps"] % layout["steps_per_generation"] != 0 or (
-        g.use_vllm and bool(g.extra.get("vllm_importance_sampling_correction", True))
+        g.use_vllm and g.vllm_importance_sampling_correction
     )
     return 3 + int(recipe.model.gradient_checkpointing) + int(old_logps) + int(g.beta > 0)
 
@@ -660,10 +670,13 @@ def forward_flops_per_token(shape: ModelShape, sequence: int) -> float:
 
 
 def decode_tokens_per_s(vllm: VLLMPlan, mean_context: int, assumptions: Assumptions) -> float:
-    """Decode throughput of one colocated engine (see :func:`_roofline`), with as many sequences as
-    its KV cache holds at ``mean_context`` tokens each (at most the concurrent sequences)."""
+    """Decode throughput per GPU of a colocated engine (see :func:`_roofline`): it runs as many
+    sequences as its KV cache holds at ``mean_context`` tokens each (at most its concurrent
+    sequences); under tensor parallelism every GPU reads its shard and the engine's tokens are
+    shared by its GPUs."""
     running = max(1, min(vllm.concurrent_sequences, vllm.kv_tokens // max(1, mean_context)))
-    return _roofline(vllm.weights, running, mean_context, vllm.kv_bytes_per_token, assumptions)
+    engine = _roofline(vllm.weights, running, mean_context, vllm.kv_bytes_per_token_per_gpu, assumptions)
+    return engine / vllm.tensor_parallel
 
 
 def _roofline(weight_bytes: int, sequences: int, mean_context: int, kv_per_token: int, assumptions: Assumptions) -> float:
@@ -710,7 +723,7 @@ def render(plan: Plan) -> str:
     for line in plan.memory:
         lines.append(f"  {line.name:<48} {_gib(line.bytes)}  {line.formula}")
     lines.append(f"  {'total':<48} {_gib(plan.training_bytes)}")
-    if plan.vllm is not None and not plan.vllm.sleep_mode:
+    if plan.vllm is not None:
         budget = (f"(1 - {plan.vllm.utilization:g}) x {plan.gpu_memory / GiB:g} GiB - {a.overhead_gib:g} GiB overhead")
     else:
         budget = f"{plan.gpu_memory / GiB:g} GiB - {a.overhead_gib:g} GiB overhead"
@@ -723,10 +736,13 @@ def render(plan: Plan) -> str:
     if v is not None:
         lines += [
             "",
-            f"vLLM colocated, per GPU (estimate): {v.utilization:g} x {plan.gpu_memory / GiB:g} GiB = {v.budget / GiB:.2f} GiB",
+            f"vLLM colocated, per GPU (estimate): {v.utilization:g} x {plan.gpu_memory / GiB:g} GiB = {v.budget / GiB:.2f} GiB"
+            + (f"; tensor parallel {v.tensor_parallel}: each GPU holds 1/{v.tensor_parallel} of an engine" if v.tensor_parallel > 1 else ""),
             f"  weights {v.weights / GiB:.2f} GiB + non-KV overhead {v.overhead / GiB:.2f} GiB (assumed) + KV cache {v.kv_cache / GiB:.2f} GiB",
             f"  KV cache {v.kv_bytes_per_token:,} bytes/token (2 x {s.num_layers} layers x {s.num_key_value_heads} kv heads x "
-            f"{s.head_dim} x {VLLM_DTYPE_BYTES} bytes) -> {v.kv_tokens:,} tokens",
+            f"{s.head_dim} x {VLLM_DTYPE_BYTES} bytes)"
+            + (f", {v.kv_bytes_per_token_per_gpu:,} per GPU" if v.tensor_parallel > 1 else "")
+            + f" -> {v.kv_tokens:,} tokens per engine",
             f"  max_model_len {v.max_model_len:,}: {'fits' if v.starts else 'DOES NOT FIT (vLLM will not start)'}",
         ]  # fmt: skip
         need = f"{v.concurrent_sequences} concurrent sequences x {v.longest_sequence} tokens = {v.tokens_needed:,} tokens"
