@@ -227,6 +227,36 @@ def train_command(
         out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))
 
 
+@app.command("plan")
+def plan_command(
+    config: Annotated[Path, typer.Option("--config", help="A YAML recipe (see configs/).")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs (training processes).")],
+    gpu_memory: Annotated[float, typer.Option("--gpu-memory", help="Memory per GPU in GiB (an '80 GB' H100 or A100: 80).")],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (model.path=preset:NAME needs no weights).")] = None,
+    strategy: Annotated[str, typer.Option(help="zero3 | zero2 | zero1 | fsdp | ddp.")] = "zero3",
+    peak_tflops: Annotated[float, typer.Option(help="Dense bf16 TFLOP/s per GPU (H100 SXM 989, A100 312).")] = 989.0,
+    mfu: Annotated[float, typer.Option(help="Model FLOPs utilisation of training.")] = 0.35,
+    hbm_tb_s: Annotated[float, typer.Option("--hbm-tb-s", help="Memory bandwidth per GPU, TB/s (H100 SXM 3.35, A100 2.0).")] = 3.35,
+    decode_efficiency: Annotated[float, typer.Option(help="Share of the bandwidth roofline decoding reaches.")] = 0.5,
+    gen_tokens_per_s: Annotated[float | None, typer.Option(help="Generated tokens/s per GPU (default: from the decode roofline).")] = None,
+    overhead_gib: Annotated[float, typer.Option("--overhead-gib", help="CUDA context, NCCL and fragmentation per GPU, GiB.")] = 3.0,
+    vllm_overhead_gib: Annotated[float, typer.Option("--vllm-overhead-gib", help="vLLM's non-KV memory besides weights, GiB.")] = 1.5,
+) -> None:
+    """Estimate per-GPU memory, vLLM KV cache and time per round of a recipe; exit 1 if it does not fit."""
+    from seal_rl.plan import Assumptions, estimate, render
+    from seal_rl.train import load_recipe
+
+    recipe = load_recipe(config, overrides or [])
+    assumptions = Assumptions(peak_tflops=peak_tflops, mfu=mfu, hbm_tb_per_s=hbm_tb_s, decode_efficiency=decode_efficiency,
+                              gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib)  # fmt: skip
+    plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy, assumptions=assumptions)
+    out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
+    out.print(render(plan), markup=False, highlight=False, soft_wrap=True)
+    if not plan.fits:
+        err.print(f"[bold red]does not fit:[/] {plan.reason}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
 @app.command("sft")
 def sft_command(
     config: Annotated[Path, typer.Option("--config", help="A YAML recipe (model, env, budgets, warm_start.sft settings).")],

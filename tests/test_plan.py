@@ -1,0 +1,225 @@
+"""seal plan: parameter counts, ZeRO formulas, activations and KV arithmetic against published or
+measured numbers (never against the planner's own output), and the command's exit codes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from seal_rl.errors import SealError
+from seal_rl.plan import (
+    PRESETS,
+    Precision,
+    backbone_activation_bytes,
+    estimate,
+    kv_cache_bytes_per_token,
+    model_shape,
+    model_states,
+)
+from seal_rl.train import load_recipe
+
+from .test_cli import run_cli
+
+PAPER = "configs/paper-qwen2.5-7b.yaml"
+PAPER_SETTINGS = ["model.path=preset:qwen2.5-7b", "grpo.per_device_train_batch_size=1"]
+
+
+# -- model shapes ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("preset", "published"),
+    [
+        ("qwen2.5-7b", 7.62e9),  # model card: 7.61B (7,615,616,512 rounds to 7.62B)
+        ("qwen2.5-3b", 3.09e9),
+        ("qwen2.5-0.5b", 0.494e9),  # 0.49B
+        ("llama3.1-8b", 8.03e9),
+    ],
+)
+def test_preset_parameter_counts_match_the_published_sizes(preset, published):
+    assert PRESETS[preset].parameters == pytest.approx(published, rel=0.01)
+
+
+def _random_configs(seed: int) -> list:
+    rng = random.Random(seed)
+    heads = rng.choice([2, 4, 6])
+    kv = rng.choice([d for d in (1, 2, 3, 6) if heads % d == 0])
+    common = dict(num_hidden_layers=rng.randint(1, 3), num_attention_heads=heads, num_key_value_heads=kv,
+                  intermediate_size=rng.randint(20, 90), vocab_size=rng.randint(50, 400),
+                  tie_word_embeddings=rng.random() < 0.5)  # fmt: skip
+    hidden = heads * rng.choice([4, 8])
+    return [
+        Qwen2Config(hidden_size=hidden, **common),
+        LlamaConfig(hidden_size=hidden, head_dim=rng.choice([4, 8, 12]), attention_bias=rng.random() < 0.5,
+                    mlp_bias=rng.random() < 0.5, **common),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_model_shape_of_a_directory_counts_what_transformers_builds(tmp_path, seed):
+    for i, config in enumerate(_random_configs(seed)):
+        directory = tmp_path / str(i)
+        config.save_pretrained(directory)
+        model = AutoModelForCausalLM.from_config(config)
+        built = sum(p.numel() for p in model.parameters())  # tied weights are one parameter
+        assert model_shape(str(directory)).parameters == built, config.model_type
+
+
+def test_model_shape_errors_name_the_fix(tmp_path):
+    with pytest.raises(SealError, match="known presets: qwen2.5-7b"):
+        model_shape("preset:gpt-5")
+    with pytest.raises(SealError, match="config.json does not exist"):
+        model_shape(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(SealError, match="not supported"):
+        model_shape(str(tmp_path))
+
+
+# -- ZeRO (Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, N = 64, K = 12) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "published_gb"),
+    [("ddp", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("zero3", 1.9), ("fsdp", 1.9)],
+)
+def test_zero_formulas_reproduce_figure_1_of_the_zero_paper(strategy, published_gb):
+    mixed_adam = Precision("mixed", weight_bytes=2, grad_bytes=2, optimizer_bytes=12, activation_bytes=2)
+    states = model_states(7_500_000_000, 64, strategy, mixed_adam)
+    assert round(states.total / 1e9, 1) == published_gb
+
+
+def test_a_bf16_recipe_uses_mixed_precision_adam_with_k_12():
+    recipe = load_recipe(PAPER, PAPER_SETTINGS)
+    plan = estimate(recipe, gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert (plan.precision.weight_bytes, plan.precision.grad_bytes, plan.precision.optimizer_bytes) == (2, 2, 12)
+
+
+# -- activations: measured on a real model ------------------------------------------------------
+
+
+def _saved_bytes(run, exclude: set[int]) -> int:
+    """Bytes autograd keeps for backward while ``run()`` runs (each storage once)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(n for ptr, n in storages.items() if ptr not in exclude)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("seed", range(2))
+def test_activation_bytes_match_what_autograd_saves(tmp_path, dtype, seed):
+    """SDPA on CPU runs a flash-attention kernel: it keeps q, k, v, the output and the log-sum-exp,
+    as flash attention does on a GPU."""
+    torch.manual_seed(seed)
+    for i, config in enumerate(_random_configs(seed)):
+        config.save_pretrained(tmp_path / str(i))
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).train()
+        sequences, length = 2, 24 + 8 * seed
+        ids = torch.randint(0, config.vocab_size, (sequences, length))
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        measured = _saved_bytes(lambda: model.model(input_ids=ids), weights)
+        a = torch.finfo(dtype).bits // 8
+        estimated = backbone_activation_bytes(model_shape(str(tmp_path / str(i))), sequences, length, a, checkpointing=False)
+        assert estimated == pytest.approx(measured, rel=0.01), config.model_type
+
+
+# -- vLLM KV cache ----------------------------------------------------------------------------
+
+
+def test_kv_cache_bytes_per_token_follow_vllms_arithmetic():
+    assert kv_cache_bytes_per_token(PRESETS["llama3.1-8b"]) == 128 * 1024  # 32 layers x 8 kv heads x 128 x 2 x 2
+    assert kv_cache_bytes_per_token(PRESETS["qwen2.5-7b"]) == 56 * 1024  # 28 layers x 4 kv heads x 128 x 2 x 2
+
+
+def test_vllm_refuses_to_start_without_room_for_one_sequence_and_tensor_parallel_helps():
+    """0.2 x 80 GiB = 16 GiB holds the 7.6B weights (14.2 GiB) and little else."""
+    settings = [*PAPER_SETTINGS, "grpo.vllm_gpu_memory_utilization=0.2"]
+    plan = estimate(load_recipe(PAPER, settings), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert plan.vllm.max_model_len == 8192 + 4096 and not plan.vllm.starts
+    assert not plan.fits and "vLLM will not start" in plan.reason
+    plan = estimate(load_recipe(PAPER, [*settings, "grpo.vllm_tensor_parallel_size=2"]), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert plan.vllm.weights == pytest.approx(2 * PRESETS["qwen2.5-7b"].parameters / 2, abs=2)
+    assert plan.vllm.starts and plan.fits, plan.reason
+
+
+def test_budgets_beyond_the_models_context_are_refused():
+    settings = [*PAPER_SETTINGS, "budgets.max_prompt_tokens=30000"]
+    plan = estimate(load_recipe(PAPER, settings), gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert not plan.fits and "exceed the model's context length (32,768)" in plan.reason
+
+
+# -- the whole plan -----------------------------------------------------------------------------
+
+
+def test_the_paper_run_has_72_rounds_of_4_updates():
+    plan = estimate(load_recipe(PAPER, PAPER_SETTINGS), gpus=4, gpu_memory_gb=80)
+    assert (plan.num_tasks, plan.rounds, plan.steps) == (400, 72, 288)  # SEAL §6: 6 epochs x 12 steps, 4 updates each
+    assert plan.episodes == 256 and plan.trained_tokens == 256 * (8192 + 4096)
+
+
+def test_sharding_more_never_needs_more_memory_per_gpu():
+    recipe = load_recipe(PAPER, PAPER_SETTINGS)
+    totals = [estimate(recipe, gpus=4, gpu_memory_gb=80, strategy=s, num_tasks=400).training_bytes
+              for s in ("ddp", "zero1", "zero2", "zero3")]  # fmt: skip
+    assert totals == sorted(totals, reverse=True) and totals[0] > totals[-1]
+    per_gpu = [estimate(recipe, gpus=n, gpu_memory_gb=80, num_tasks=400).training_bytes for n in (1, 2, 4, 8)]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+
+
+def test_checkpointing_and_micro_batch_move_activations_the_right_way():
+    def activations(*settings):
+        plan = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, *settings]), gpus=4, gpu_memory_gb=80, num_tasks=400)
+        return next(line.bytes for line in plan.memory if line.name.startswith("activations"))
+
+    base = activations()
+    assert activations("model.gradient_checkpointing=false") > 5 * base
+    assert activations("grpo.per_device_train_batch_size=2") == pytest.approx(2 * base, rel=0.01)
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def _plan(monkeypatch, capsys, *args):
+    sets = [word for setting in PAPER_SETTINGS for word in ("--set", setting)]
+    return run_cli(monkeypatch, capsys, "plan", "--config", PAPER, *sets, *args)
+
+
+def test_the_paper_recipe_fits_on_four_80_gib_gpus_with_zero3(monkeypatch, capsys):
+    code, out, err = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", "80", "--strategy", "zero3")
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1].startswith("fits (") and err == ""
+    for text in ("steps_per_generation 64", "gradient_accumulation_steps 16", "57,344 bytes/token", "72 rounds"):
+        assert text in out, text
+
+
+def test_the_paper_recipe_does_not_fit_on_four_24_gib_gpus(monkeypatch, capsys):
+    code, out, err = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", "24")
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and err.startswith("does not fit: training needs")
+    assert "does not fit" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0", "--gpu-memory", "80"], "--gpus must be at least 1"),
+        (["--gpus", "4", "--gpu-memory", "-1"], "--gpu-memory must be positive"),
+        (["--gpus", "3", "--gpu-memory", "80"], "must be a multiple of per_device_train_batch_size"),
+        (["--gpus", "4", "--gpu-memory", "80", "--strategy", "zero4"], "Unknown strategy"),
+        (["--gpus", "4", "--gpu-memory", "80", "--mfu", "0"], "--mfu and --decode-efficiency in (0, 1]"),
+        (["--gpus", "4", "--gpu-memory", "80", "--set", "model.path=preset:gpt-5"], "Unknown model preset 'gpt-5'"),
+        (["--gpus", "4", "--gpu-memory", "80", "--set", "model.path=/nonexistent"], "config.json does not exist"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, args, message):
+    code, _, err = _plan(monkeypatch, capsys, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err.replace("\n", " ")
