@@ -223,3 +223,21 @@ def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, args, 
     code, _, err = _plan(monkeypatch, capsys, *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err.replace("\n", " ")
+
+
+def test_seal_train_prints_the_plan_for_its_gpus(tiny_model_dir, monkeypatch, capsys):
+    from pathlib import Path
+
+    from seal_rl.train import _print_plan
+
+    paper = Path(__file__).resolve().parents[1] / PAPER
+    recipe = load_recipe(paper, ["model.path=/not/read"])
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    _print_plan(recipe, str(tiny_model_dir), 4, 400, 80.0)
+    printed = capsys.readouterr().out
+    assert "strategy fsdp" in printed and "fits" in printed and "WARNING" not in printed
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    _print_plan(load_recipe(paper, ["model.path=/x", "model.gradient_checkpointing=false"]),
+                str(tiny_model_dir), 4, 400, 0.5)  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "strategy zero3" in printed and "WARNING: seal plan estimates this run does not fit" in printed
