@@ -160,3 +160,65 @@ def test_trained_weights_are_pushed_into_the_engine(vllm_round):
     synced = load_file(out / "checkpoints" / "checkpoint-1" / "model.safetensors")
     engine_weights = {k: v.detach() for k, v in engine.hf_model.named_parameters()}
     assert all(torch.equal(synced[k], engine_weights[k]) for k in synced if k in engine_weights)
+
+
+def _tp_rank(rank: int, init_file: str, model_dir: str, results: str) -> None:
+    """One rank of a 2-rank tensor-parallel group sharing one (fake) engine: rank 0 has three ticks
+    of work, rank 1 one; both then close() and must leave together."""
+    import json
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from transformers import AutoTokenizer
+    from trl.generation import vllm_generation
+
+    from seal_rl.generators import VLLMGenerator
+    from seal_rl.rollout import Request
+
+    vllm_generation.SamplingParams = fake_vllm.SamplingParams  # what fake_vllm.install does, without pytest
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    llm = fake_vllm.LLM(model=model_dir, max_model_len=256)
+    engine = SimpleNamespace(mode="colocate", enable_sleep_mode=False, tensor_parallel_size=2, tp_group=None, llm=llm,
+                             repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=0, generation_kwargs={})  # fmt: skip
+    trainer = SimpleNamespace(use_vllm=True, vllm_generation=engine, processing_class=AutoTokenizer.from_pretrained(model_dir))
+    generator = VLLMGenerator(trainer)
+    ticks = 3 if rank == 0 else 1
+    answers = []
+    for tick in range(ticks):
+        requests = [Request(10 * rank + k, None, [], [], {}, [5 + rank, 6 + k, 7 + tick], 4 + k) for k in range(1 + rank)]
+        answers.append([(g.token_ids, g.logprobs) for g in generator.generate(requests, seed=tick)])
+    generator.close()
+    Path(results, f"{rank}.json").write_text(json.dumps({"answers": answers, "calls": len(llm.calls)}))
+    dist.destroy_process_group()
+
+
+def test_tensor_parallel_ranks_share_an_engine_in_lockstep(tiny_model_dir, tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    from seal_rl.generators import VLLMGenerator
+    from seal_rl.rollout import Request
+
+    mp.spawn(_tp_rank, args=(str(tmp_path / "init"), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    assert [len(r["answers"]) for r in ranks] == [3, 1]
+    # Every rank ran the group's union: tick 0 has 1 + 2 requests, ticks 1-2 only rank 0's one.
+    assert ranks[0]["calls"] == ranks[1]["calls"] == 3 + 1 + 1
+    # Each rank got its own answers, the same a lone engine gives for the same requests and seeds.
+    mp_patch = pytest.MonkeyPatch()
+    fake_vllm.install(mp_patch)
+    try:
+        from types import SimpleNamespace
+
+        from transformers import AutoTokenizer
+
+        engine = SimpleNamespace(mode="colocate", enable_sleep_mode=False, tensor_parallel_size=1, llm=fake_vllm.LLM(model=str(tiny_model_dir), max_model_len=256),
+                                 repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, logprobs=0, generation_kwargs={})  # fmt: skip
+        alone = VLLMGenerator(SimpleNamespace(use_vllm=True, vllm_generation=engine, processing_class=AutoTokenizer.from_pretrained(tiny_model_dir)))
+        for rank, result in enumerate(ranks):
+            for tick, answers in enumerate(result["answers"]):
+                requests = [Request(10 * rank + k, None, [], [], {}, [5 + rank, 6 + k, 7 + tick], 4 + k) for k in range(1 + rank)]
+                assert answers == [[g.token_ids, g.logprobs] for g in alone.generate(requests, seed=tick)]
+    finally:
+        mp_patch.undo()
