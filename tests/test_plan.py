@@ -225,19 +225,17 @@ def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, args, 
     assert len(err.strip().splitlines()) == 1 and message in err.replace("\n", " ")
 
 
-def test_seal_train_prints_the_plan_for_its_gpus(tiny_model_dir, monkeypatch, capsys):
+def test_seal_train_prints_the_plan_for_its_gpus(monkeypatch, capsys):
     from pathlib import Path
 
-    from seal_rl.train import _print_plan
+    from seal_rl.plan import launch_strategy, print_for_training
 
     paper = Path(__file__).resolve().parents[1] / PAPER
-    recipe = load_recipe(paper, ["model.path=/not/read"])
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    _print_plan(recipe, str(tiny_model_dir), 4, 400, 80.0)
+    assert launch_strategy({"ACCELERATE_USE_FSDP": "true"}) == "fsdp"
+    assert launch_strategy({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3", "ACCELERATE_USE_FSDP": "false"}) == "zero3"
+    assert launch_strategy({}) == "ddp"
+    print_for_training(load_recipe(paper, PAPER_SETTINGS), 4, 80.0, "zero3")
     printed = capsys.readouterr().out
-    assert "strategy fsdp" in printed and "fits" in printed and "WARNING" not in printed
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    _print_plan(load_recipe(paper, ["model.path=/x", "model.gradient_checkpointing=false"]),
-                str(tiny_model_dir), 4, 400, 0.5)  # fmt: skip
-    printed = capsys.readouterr().out
-    assert "strategy zero3" in printed and "WARNING: seal plan estimates this run does not fit" in printed
+    assert "strategy zero3" in printed and "fits (" in printed and "WARNING" not in printed
+    print_for_training(load_recipe(paper, PAPER_SETTINGS), 4, 24.0, "zero3")
+    assert "WARNING: seal plan estimates this run does not fit" in capsys.readouterr().out

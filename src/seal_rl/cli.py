@@ -204,6 +204,19 @@ def compare_command(
         out.print(f"not paired: {result.only_in_a} episodes only in A, {result.only_in_b} only in B (left out)")
 
 
+def _plan_on_gpus(recipe) -> None:
+    """On GPU machines the main process prints ``seal plan`` for the GPUs the run has."""
+    import os
+
+    import torch
+
+    from seal_rl.plan import launch_strategy, print_for_training
+
+    if torch.cuda.is_available() and os.environ.get("RANK", "0") == "0" and recipe.model.path != "tiny":
+        gpus = int(os.environ.get("WORLD_SIZE", "1"))
+        print_for_training(recipe, gpus, torch.cuda.get_device_properties(0).total_memory / 2**30, launch_strategy(os.environ))
+
+
 @app.command("train")
 def train_command(
     config: Annotated[Path | None, typer.Option("--config", help="A YAML recipe (see configs/).")] = None,
@@ -221,6 +234,7 @@ def train_command(
     if out_dir is None or config is None:
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
+    _plan_on_gpus(recipe)
     summary = train(recipe, out_dir, resume=resume)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
     if summary["validation"]:

@@ -775,3 +775,24 @@ def render(plan: Plan) -> str:
     spare = (plan.training_budget - plan.training_bytes) / GiB
     lines += ["", f"fits ({spare:.1f} GiB to spare per GPU)" if plan.fits else f"does not fit: {plan.reason}"]
     return "\n".join(lines)
+
+
+def print_for_training(recipe: SealRecipe, gpus: int, gpu_memory_gib: float, strategy: str) -> None:
+    """``seal plan`` for a run about to start on the GPUs it has (``seal train`` prints it before
+    loading anything). A run the estimate says cannot fit goes on, with a warning: it is an estimate."""
+    try:
+        plan = plan_for_training(recipe, gpus, gpu_memory_gib, strategy)
+    except SealError as exc:
+        print(f"seal plan: no estimate ({exc})", flush=True)
+        return
+    print(render(plan), flush=True)
+    if not plan.fits:
+        print(f"WARNING: seal plan estimates this run does not fit: {plan.reason}", flush=True)
+
+
+def launch_strategy(environ: dict[str, str]) -> str:
+    """The sharding strategy ``accelerate launch`` set up for this process: zero1-3, fsdp or ddp."""
+    stage = environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if stage:
+        return f"zero{stage}"
+    return "fsdp" if environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else "ddp"

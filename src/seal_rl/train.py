@@ -828,8 +828,6 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
     with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
         model_path = _prepare_model(recipe, out, task_set)
-    if is_main and torch.cuda.is_available():
-        _print_plan(recipe, model_path, distributed.num_processes, len(tasks), torch.cuda.get_device_properties(0).total_memory / 2**30)
     if recipe.warm_start.data:
         if distributed.num_processes > 1:
             raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
@@ -915,27 +913,6 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
             "apatch_hook_calls": loop.apatch_hook_calls,
             "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
-
-
-def _print_plan(recipe: SealRecipe, model_path: str, gpus: int, num_tasks: int, gpu_memory_gib: float) -> None:
-    """``seal plan`` for this run on the GPUs it has, printed before anything is loaded; a run the
-    estimate says cannot fit goes on, with a warning (the estimate is an estimate)."""
-    import copy
-
-    from seal_rl.plan import plan_for_training, render
-
-    strategy = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-    strategy = f"zero{strategy}" if strategy else ("fsdp" if os.environ.get("ACCELERATE_USE_FSDP") == "true" else "ddp")
-    located = copy.deepcopy(recipe)
-    located.model.path = model_path
-    try:
-        plan = plan_for_training(located, gpus, gpu_memory_gib, strategy, num_tasks)
-    except SealError as exc:
-        print(f"seal plan: no estimate ({exc})", flush=True)
-        return
-    print(render(plan), flush=True)
-    if not plan.fits:
-        print(f"WARNING: seal plan estimates this run does not fit: {plan.reason}", flush=True)
 
 
 def save_model(trainer: Any, path: Path) -> None:
