@@ -39,6 +39,13 @@ def _recipe(tiny_path, **extra):
     return load_recipe(ROOT / "configs" / "smoke-cpu.yaml", _overrides(tiny_path, **extra))
 
 
+def _free_port() -> str:
+    """A free port, so concurrent or back-to-back multi-process runs cannot collide."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
 def _jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
@@ -289,9 +296,7 @@ def test_the_smoke_recipe_trains_the_tiny_model_on_its_own_generations(tmp_path)
 
 def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
     out = tmp_path / "ddp"
-    with socket.socket() as probe:  # a free port, so concurrent or back-to-back runs cannot collide
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = _free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
                "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
                "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.max_steps": 1, "grpo.per_device_train_batch_size": 1})]  # fmt: skip
@@ -317,9 +322,7 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_and_saves_a_model(uninte
 
     reference, _, _, _ = uninterrupted
     out = tmp_path / "fsdp"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = _free_port()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
                "--main_process_port", port, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
                "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 1})]  # fmt: skip
@@ -343,9 +346,7 @@ def test_fsdp2_ranks_generate_in_lockstep_with_the_model_itself(tmp_path):
     finish their episodes at different times (3 validation tasks over 2 ranks). Without the
     lockstep protocol this run crashes on mismatched collectives (seen: gloo "connection reset")."""
     out = tmp_path / "fsdp-hf"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = _free_port()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
                "--main_process_port", port, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
                "--out", str(out), "--set", "grpo.max_steps=1", "grpo.per_device_train_batch_size=2", "eval.every_rounds=1",
