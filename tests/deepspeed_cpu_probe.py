@@ -49,7 +49,7 @@ def main() -> None:
         ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}
     # backend="gloo" is needed: without CUDA, accelerate finds no backend, lets DeepSpeed initialise
     # the process group by itself and then believes it runs alone (num_processes 1, every rank the
-    # main process), so every rank would write an unconsolidated checkpoint. `cpu=True` is no way
+    # main process): every rank writes the model, which then holds empty ZeRO placeholders. `cpu=True` is no way
     # out: accelerate turns DeepSpeed off on CPU.
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config),
                               kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
@@ -60,7 +60,7 @@ def main() -> None:
 
     backend = dist.get_backend() if dist.is_initialized() else None
     accelerator.print(f"deepspeed {deepspeed.__version__}, accelerator {deepspeed.get_accelerator().device_name()}, "
-                      f"backend {backend}, world {accelerator.num_processes}, distributed_type {accelerator.distributed_type}")
+                      f"backend {backend}, world {accelerator.num_processes}, {accelerator.distributed_type}")
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
