@@ -49,8 +49,8 @@ def main() -> None:
         ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}}
     # backend="gloo" is needed: without CUDA, accelerate finds no backend, lets DeepSpeed initialise
     # the process group by itself and then believes it runs alone (num_processes 1, every rank the
-    # main process): every rank writes the model, which then holds empty ZeRO placeholders. `cpu=True` is no way
-    # out: accelerate turns DeepSpeed off on CPU.
+    # main process): every rank writes the model, which then holds empty ZeRO placeholders.
+    # `cpu=True` is no way out: accelerate turns DeepSpeed off on CPU.
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds_config),
                               kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
     assert accelerator.num_processes == int(os.environ.get("WORLD_SIZE", 1)), accelerator.num_processes
