@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install demo test bench bench-learning clean
+.PHONY: install demo test gpu-check bench bench-learning clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+
+# The `gpu` extra (pyproject.toml): exact pins, resolved together with requirements/lock.txt by pip
+# --dry-run (needs the package index; installs nothing).
+gpu-check: install
+	$(BIN)/python -m pytest -q tests/test_gpu_extra.py
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
