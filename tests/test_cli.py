@@ -149,12 +149,16 @@ def test_diagnose_prints_the_failure_profile_of_a_run(monkeypatch, capsys, tmp_p
     assert "Failure profile of" in out and "100 episodes" in out
     for section in ("Share of each category's turns", "Share of each turn position's turns", "Commonest evidence"):
         assert section in out
-    counts = {}
+    counts, inherited = {}, {}
     for r in results:
         for t in r["diagnosis"]["labels"]:
-            counts[t["label"]] = counts.get(t["label"], 0) + 1
+            tally = inherited if t["evidence"].get("inherited") else counts
+            tally[t["label"]] = tally.get(t["label"], 0) + 1
+    assert inherited, "a 50% fault run has turns failed only by an earlier turn's mistake"
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│ ")}
     for label, n in counts.items():
-        assert f"│ {label}" in out and f" {n} " in out
+        cells = [c.strip() for c in rows[label].split("│")[1:-1]]
+        assert cells[1] == str(n) and cells[-1] == str(inherited.get(label, 0)), (label, cells)
 
 
 def test_diagnose_errors_are_one_line(monkeypatch, capsys, tmp_path):

@@ -64,6 +64,9 @@ class ApatchConfig:
     """EMA rate of ρ(z) toward its target (released: 0.25)"""
     k: int = 32
     """a label needs this many occurrences in the window for its full target (released: 32)"""
+    count_inherited: bool = False
+    """count labels of turns whose failure is carried over from an earlier failed turn (evidence
+    ``inherited``); off: a trajectory is weighted by the turns its own calls got wrong"""
     budget: bool = False
     """shrink scales toward 1 and renormalise their mean to 1 (off in the release)"""
     budget_strength: float = 0.5

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
@@ -299,23 +299,36 @@ def sft_command(
 def diagnose_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `seal eval`.")],
     top: Annotated[int, typer.Option(help="Commonest error messages shown per label.")] = 3,
+    priority: Annotated[str | None, typer.Option(help="Re-diagnose under this label priority: seal or paper (default: the labels stored in the run).")] = None,
 ) -> None:
     """Print the failure profile of a run: labels overall, per category and per turn position."""
-    run = describe_run(read_results(run_dir), top=top)
+    from seal_rl.diagnose import PRIORITIES
+
+    if priority is not None and priority not in PRIORITIES:
+        raise SealError(f"--priority must be one of {', '.join(sorted(PRIORITIES))}, got {priority!r}.")
+    run = describe_run(read_results(run_dir), top=top, priority=priority)
     profile = run.profile
     stats = profile.label_stats()
     total = sum(s.turns for s in stats.values())
     labels = [name for name in LABELS if name in stats]
     out.print(f"Failure profile of {run_dir}", markup=False, highlight=False, soft_wrap=True)
-    overall = Table("label", "turns", "share", "rate*", "episodes", "mean reward",
+    inherited: dict[str, int] = {}
+    for counts in profile.rounds:
+        for label, n in counts.inherited.items():
+            inherited[label] = inherited.get(label, 0) + n
+    overall = Table(Column("label", no_wrap=True, min_width=max(map(len, labels), default=5)), "turns", "share", "rate*",
+                    "episodes", "mean reward", "inherited**",
                     title=f"{profile.episodes} episodes, {total} turns")  # fmt: skip
     for label in labels:
         s = stats[label]
         rate = "-" if label in EXCLUDED_LABELS else f"{s.prevalence:.1%}"
-        overall.add_row(label, str(s.turns), f"{s.turns / total:.1%}", rate, str(s.trajectories), f"{s.mean_reward:.2f}")
+        overall.add_row(label, str(s.turns), f"{s.turns / total:.1%}", rate, str(s.trajectories), f"{s.mean_reward:.2f}",
+                        str(inherited.get(label, 0)))  # fmt: skip
     out.print(overall)
     out.print("* rate: share of countable turns (not_reached, gt_error and checker_error left out); "
               "mean reward: of the episodes with the label", soft_wrap=True)  # fmt: skip
+    out.print("** turns failed only by a difference carried over from an earlier failed turn (their own calls were "
+              "right); not counted in turns, shares or rates", soft_wrap=True)  # fmt: skip
     _print_label_matrix("Share of each category's turns", labels, profile.merged("categories"))
     positions = {f"turn {k}": v for k, v in profile.merged("positions").items()}
     _print_label_matrix("Share of each turn position's turns", labels, positions)

@@ -104,8 +104,56 @@ def _call_evidence(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"step": entry["step"], "call": entry["name"], "arguments": entry["arguments"]}
 
 
-def _label_failed_turn(turn: int, entries: list[Mapping[str, Any]], check: Mapping[str, Any], record) -> TurnLabel:
-    rejected = [e for e in entries if e["error_kind"] in ("parse", "unknown_tool")]
+PRIORITIES: Mapping[str, tuple[str, ...]] = {
+    "seal": ("invalid_tool_call", "argument_mismatch", "missing_tool_call", "recovery_failure", "instance_mismatch",
+             "state_mismatch", "response_mismatch"),
+    "paper": ("invalid_tool_call", "argument_mismatch", "instance_mismatch", "state_mismatch", "recovery_failure",
+              "missing_tool_call", "response_mismatch"),
+}  # fmt: skip
+"""First match wins among a failed turn's candidate labels. ``seal``: DESIGN.md §4. ``paper``: SEAL
+Table 5 (invalid → argument → state → recovery → missing call → response), with
+``instance_mismatch``, which Table 5 does not rank, just before the state check as in the
+official checker."""
+
+EXECUTION_LABELS = frozenset({"invalid_tool_call", "argument_mismatch", "recovery_failure"})
+
+
+def _raised_argument_error(entry: Mapping[str, Any]) -> bool:
+    result = entry["result"]
+    return result is not None and result.startswith("Error during execution") and bool(_ARGUMENT_ERROR.search(result))
+
+
+def _blamed(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], check: Mapping[str, Any]) -> bool:
+    """Did this failed call plausibly cause the turn's failure? (causal attribution)
+
+    Yes when the same tool never succeeds later in the turn (an unparseable message: when no call
+    succeeds after it), or when a missing ground-truth output was that tool's to produce, or when
+    a differing state attribute belongs to the class that answers that tool.
+    """
+    name = entry["name"]
+    succeeded_later = any(
+        e["accepted"] and e["error_kind"] is None and e["step"] > entry["step"] and (name is None or e["name"] == name)
+        for e in entries
+    )
+    if not succeeded_later:
+        return True
+    if name is None:
+        return False
+    owner = dict(map(tuple, check.get("tool_classes", ()))).get(name)
+    return name in check.get("missing_calls", ()) or any(d["class_name"] == owner for d in check["state_differences"])
+
+
+def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mapping[str, Any], record) -> dict[str, TurnLabel]:
+    """Every label a failed turn qualifies for, with its evidence (the priority picks one).
+
+    Execution-level labels only for calls that plausibly caused the failure (:func:`_blamed`);
+    ``missing_tool_call`` when the turn has no accepted call or never calls a tool the ground
+    truth needed; ``instance_mismatch`` when a class the turn's ground truth does not use has a
+    state difference and the model called that class in this turn; the checker-level labels as
+    the verifier found them.
+    """
+    candidates: dict[str, TurnLabel] = {}
+    rejected = [e for e in entries if e["error_kind"] in ("parse", "unknown_tool") and _blamed(e, entries, check)]
     if rejected:
         first = rejected[0]
         evidence = {"step": first["step"], "kind": first["error_kind"], "error": first["error"]}
@@ -114,39 +162,65 @@ def _label_failed_turn(turn: int, entries: list[Mapping[str, Any]], check: Mappi
             evidence["message"] = _excerpt(texts[first["step"]])
         if first["name"] is not None:
             evidence["call"] = first["name"]
-        return TurnLabel(turn, "invalid_tool_call", evidence)
+        candidates["invalid_tool_call"] = TurnLabel(turn, "invalid_tool_call", evidence)
     accepted = [e for e in entries if e["accepted"]]
     for entry in accepted:
-        raised_argument_error = entry["result"] is not None and entry["result"].startswith(
-            "Error during execution"
-        ) and bool(_ARGUMENT_ERROR.search(entry["result"]))
-        if entry["schema_violations"] or raised_argument_error:
+        if (entry["schema_violations"] or _raised_argument_error(entry)) and _blamed(entry, entries, check):
             evidence = _call_evidence(entry)
             evidence["violations"] = [dict(v) for v in entry["schema_violations"]]
             if entry["error"]:
                 evidence["error"] = entry["error"]
-            return TurnLabel(turn, "argument_mismatch", evidence)
-    if not accepted:
+            candidates["argument_mismatch"] = TurnLabel(turn, "argument_mismatch", evidence)
+            break
+    called = {e["name"] for e in accepted}
+    never_called = [name for name in dict.fromkeys(check.get("ground_truth_tools", ())) if name not in called]
+    if not accepted or never_called:
         texts = _assistant_texts(record)
         steps = _steps_of_turn(record, turn)
         evidence = {"text": _excerpt(texts[steps[-1]])} if steps and steps[-1] < len(texts) else {}
-        return TurnLabel(turn, "missing_tool_call", evidence)
-    errors = [e for e in accepted if e["error_kind"] == "execution"]
+        if accepted:
+            evidence["never_called"] = never_called
+        candidates["missing_tool_call"] = TurnLabel(turn, "missing_tool_call", evidence)
+    errors = [e for e in accepted if e["error_kind"] == "execution" and not _raised_argument_error(e) and _blamed(e, entries, check)]
     if errors:
         first = errors[0]
         evidence = {**_call_evidence(first), "error": first["error"],
                     "later_calls": sum(1 for e in accepted if e["step"] > first["step"])}  # fmt: skip
-        return TurnLabel(turn, "recovery_failure", evidence)
-    if not check["instances_ok"]:
-        return TurnLabel(turn, "instance_mismatch", {})
+        candidates["recovery_failure"] = TurnLabel(turn, "recovery_failure", evidence)
+    classes = dict(map(tuple, check.get("tool_classes", ())))
+    in_scope = {classes.get(name) for name in check.get("ground_truth_tools", ())}
+    touched = {classes.get(e["name"]) for e in accepted} - in_scope - {None}
+    stray = sorted({d["class_name"] for d in check["state_differences"]} & touched)
+    if stray or not check["instances_ok"]:
+        candidates["instance_mismatch"] = TurnLabel(turn, "instance_mismatch", {"classes": stray})
     if not check["state_ok"]:
         differences = [{k: d[k] for k in ("class_name", "attribute")} for d in check["state_differences"]]
-        return TurnLabel(turn, "state_mismatch", {"differences": differences})
-    return TurnLabel(turn, "response_mismatch", {"missing": [_excerpt(m) for m in check["missing_responses"]]})
+        candidates["state_mismatch"] = TurnLabel(turn, "state_mismatch", {"differences": differences})
+    if not check["response_ok"]:
+        candidates["response_mismatch"] = TurnLabel(turn, "response_mismatch",
+                                                    {"missing": [_excerpt(m) for m in check["missing_responses"]]})  # fmt: skip
+    return candidates
 
 
-def diagnose(record: Mapping[str, Any]) -> Diagnosis:
-    """Ψ over one finished episode's record: exactly one :class:`TurnLabel` per ground-truth turn."""
+def _label_failed_turn(turn: int, entries: list[Mapping[str, Any]], check: Mapping[str, Any], record, priority: str) -> TurnLabel:
+    candidates = failure_candidates(turn, entries, check, record)
+    if check.get("inherited"):  # its own calls were right: keep the checker's verdict, say so
+        checker = [z for z in PRIORITIES[priority] if z in candidates and z not in EXECUTION_LABELS and z != "missing_tool_call"]
+        chosen = candidates[checker[0]] if checker else next(iter(candidates.values()))
+        return TurnLabel(turn, chosen.label, {**chosen.evidence, "inherited": True})
+    for label in PRIORITIES[priority]:
+        if label in candidates:
+            return candidates[label]
+    raise AssertionError(f"turn {turn} failed but no rule matched")  # unreachable: a failure has a checker label
+
+
+def diagnose(record: Mapping[str, Any], priority: str = "seal") -> Diagnosis:
+    """Ψ over one finished episode's record: exactly one :class:`TurnLabel` per ground-truth turn.
+
+    ``priority``: which label wins when a failed turn qualifies for several (:data:`PRIORITIES`).
+    """
+    if priority not in PRIORITIES:
+        raise ValueError(f"Unknown diagnosis priority {priority!r}; expected one of {sorted(PRIORITIES)}.")
     verdict = record["verdict"]
     num_turns = record["num_turns"]
     if verdict.get("checker_error") or len(verdict["turns"]) != num_turns:
@@ -173,7 +247,7 @@ def diagnose(record: Mapping[str, Any]) -> Diagnosis:
         elif check["failure"] is None:
             labels.append(TurnLabel(turn, "pass", {}))
         else:
-            labels.append(_label_failed_turn(turn, entries, check, record))
+            labels.append(_label_failed_turn(turn, entries, check, record, priority))
     return _with_progress(tuple(labels))
 
 
@@ -217,10 +291,10 @@ def reference_labels(record: Mapping[str, Any]) -> list[str]:
     return labels
 
 
-def add_diagnosis(record: dict[str, Any]) -> Diagnosis:
+def add_diagnosis(record: dict[str, Any], priority: str = "seal") -> Diagnosis:
     """Write Ψ's ``diagnosis`` and the reference ``reference_labels`` into a finished episode's
     record (the fields of a ``results.jsonl`` line); return the diagnosis."""
-    diagnosis = diagnose(record)
+    diagnosis = diagnose(record, priority)
     record["diagnosis"] = diagnosis.to_json()
     record["reference_labels"] = reference_labels(record)
     return diagnosis

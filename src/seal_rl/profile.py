@@ -56,11 +56,13 @@ class RoundCounts:
     label_occurrence_reward_sum: dict[str, float] = field(default_factory=dict)
     reference: dict[str, int] = field(default_factory=dict)
     reference_occurrence_reward_sum: dict[str, float] = field(default_factory=dict)
+    inherited: dict[str, int] = field(default_factory=dict)
+    """labels of turns whose failure was carried over from an earlier failed turn (not in ``labels``)"""
 
     @classmethod
     def of(cls, round_index: int, episodes: Iterable[EpisodeLabels]) -> RoundCounts:
         labels, trajectories, rewards, occurrence_rewards = Counter(), Counter(), Counter(), Counter()
-        reference, reference_rewards = Counter(), Counter()
+        reference, reference_rewards, inherited = Counter(), Counter(), Counter()
         categories: dict[str, Counter] = {}
         positions: dict[str, Counter] = {}
         tasks: dict[str, dict[str, Any]] = {}
@@ -69,7 +71,9 @@ class RoundCounts:
         for episode in episodes:
             n += 1
             reward_sum += episode.reward
-            names = [t.label for t in episode.diagnosis.labels]
+            own = [t for t in episode.diagnosis.labels if not t.evidence.get("inherited")]
+            names = [t.label for t in own]  # inherited failures were counted on the turn that caused them
+            inherited.update(t.label for t in episode.diagnosis.labels if t.evidence.get("inherited"))
             labels.update(names)
             for name in names:
                 occurrence_rewards[name] += episode.reward
@@ -80,7 +84,7 @@ class RoundCounts:
                 trajectories[name] += 1
                 rewards[name] += episode.reward
             categories.setdefault(episode.category, Counter()).update(names)
-            for t in episode.diagnosis.labels:
+            for t in own:
                 positions.setdefault(str(t.turn), Counter())[t.label] += 1
                 tool = t.evidence.get("call")
                 if isinstance(tool, str):
@@ -103,6 +107,7 @@ class RoundCounts:
             label_occurrence_reward_sum=dict(sorted(occurrence_rewards.items())),
             reference=dict(sorted(reference.items())),
             reference_occurrence_reward_sum=dict(sorted(reference_rewards.items())),
+            inherited=dict(sorted(inherited.items())),
         )
 
 
@@ -228,11 +233,12 @@ class RunProfile:
     top_messages: dict[str, list[tuple[str, int]]]
 
 
-def describe_run(records: Iterable[Mapping[str, Any]], top: int = 3) -> RunProfile:
-    """Diagnose (or reuse stored labels of) a run's records and aggregate them."""
+def describe_run(records: Iterable[Mapping[str, Any]], top: int = 3, priority: str | None = None) -> RunProfile:
+    """Diagnose (or reuse stored labels of) a run's records and aggregate them; with ``priority``
+    every record is diagnosed afresh under that priority preset."""
     episodes, messages = [], {}
     for record in records:
-        diagnosis = stored_diagnosis(record) or diagnose(record)
+        diagnosis = diagnose(record, priority) if priority else stored_diagnosis(record) or diagnose(record)
         reference = tuple(record.get("reference_labels") or ())
         episodes.append(EpisodeLabels(record["task_id"], record["category"], record["reward"], diagnosis, reference))
         for label in diagnosis.labels:

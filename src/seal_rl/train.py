@@ -39,7 +39,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
-from seal_rl.diagnose import add_diagnosis
+from seal_rl.diagnose import PRIORITIES, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
@@ -161,6 +161,18 @@ class ValidationConfig:
 
 
 @dataclass
+class DiagnosisConfig:
+    priority: str = "seal"
+    """``seal`` (DESIGN.md §4: invalid → argument → missing call → recovery → instance → state →
+    response) or ``paper`` (SEAL Table 5: invalid → argument → state → recovery → missing call →
+    response); see docs/diagnosis.md"""
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise SealError(f"diagnosis.priority must be one of {sorted(PRIORITIES)}, got {self.priority!r}.")
+
+
+@dataclass
 class SealRecipe:
     """A training recipe: everything ``seal train`` needs, validated on load."""
 
@@ -184,6 +196,8 @@ class SealRecipe:
     """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
     eval: ValidationConfig = field(default_factory=ValidationConfig)
     """validation during training"""
+    diagnosis: DiagnosisConfig = field(default_factory=lambda: DiagnosisConfig())
+    """how Ψ labels a failed turn that qualifies for several labels"""
 
 
 def load_recipe(path: Path | None, overrides: Sequence[str] = ()) -> SealRecipe:
@@ -397,7 +411,7 @@ class SealLoop:
         local = []
         for rollout in rollouts:
             record = rollout.record
-            diagnosis = add_diagnosis(record)
+            diagnosis = add_diagnosis(record, self.recipe.diagnosis.priority)
             local.append(EpisodeLabels(record["task_id"], record["category"], record["reward"], diagnosis,
                                        tuple(record["reference_labels"])))  # fmt: skip
         everyone = _gather(trainer, local)
@@ -438,7 +452,8 @@ class SealLoop:
     def _labels(self, record: dict[str, Any]) -> list[str]:
         if self.apatch.preset == "reference":
             return record["reference_labels"]
-        return [t["label"] for t in record["diagnosis"]["labels"]]
+        turns = record["diagnosis"]["labels"]
+        return [t["label"] for t in turns if self.apatch.count_inherited or not t["evidence"].get("inherited")]
 
     def _weight(self, record: dict[str, Any]) -> float:
         if not self.apatch.enabled:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -60,6 +60,16 @@ class TurnCheck:
         outputs so far (multiset).
     ground_truth_errors: ground-truth calls of this turn that raised when executed.
     reached: the agent acted in this turn (answered its question at least once) before the end.
+
+    For diagnosis only (never part of the reward):
+    ground_truth_tools: the names of this turn's ground-truth calls, in order.
+    missing_calls: the names of the ground-truth calls whose outputs are missing (as
+        ``missing_responses``, one entry per missing output).
+    tool_classes: (tool, class) for every tool the model or the ground truth called in this turn:
+        the backend class whose instance answers it.
+    inherited: the turn fails, an earlier scorable turn failed, and the model's own calls of this
+        turn, replayed on the ground truth's state before the turn, leave no state difference and
+        no missing output: every difference is carried over.
     """
 
     turn: int
@@ -72,6 +82,10 @@ class TurnCheck:
     response_ok: bool = True
     missing_responses: tuple[str, ...] = ()
     ground_truth_errors: tuple[str, ...] = ()
+    ground_truth_tools: tuple[str, ...] = ()
+    missing_calls: tuple[str, ...] = ()
+    tool_classes: tuple[tuple[str, str], ...] = ()
+    inherited: bool = False
 
     @property
     def failure(self) -> str | None:
@@ -201,14 +215,32 @@ def _differs(model_value: Any, truth_value: Any) -> bool:
 
 def _missing_from(outputs: Sequence[str], expected: Sequence[str]) -> tuple[str, ...]:
     """Items of ``expected`` not found in ``outputs``, counting duplicates (official response_checker)."""
+    return tuple(expected[i] for i in _missing_indices(outputs, expected))
+
+
+def _missing_indices(outputs: Sequence[str], expected: Sequence[str]) -> list[int]:
     pool = list(outputs)
     missing = []
-    for item in expected:
+    for index, item in enumerate(expected):
         try:
             pool.remove(item)
         except ValueError:
-            missing.append(item)
-    return tuple(missing)
+            missing.append(index)
+    return missing
+
+
+def _own_calls_are_right(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str]) -> bool:
+    """Would this turn pass if it had started from the ground truth's state? (Diagnosis of
+    inherited failures: the model's accepted calls of ``turn`` replayed on a ground-truth replay
+    of the turns before it, compared with the ground truth after it.)"""
+    before, after = Backends(task, world), Backends(task, world)
+    for calls in expected_calls[:turn]:
+        for call in calls:
+            before.execute(call)
+            after.execute(call)
+    truth_outputs = [after.execute(call).output for call in expected_calls[turn]]
+    own_outputs = [before.execute(call).output for step in steps for call in step]
+    return not _state_differences(before, after) and not _missing_from([*earlier_outputs, *own_outputs], truth_outputs)
 
 
 def verify(
@@ -238,6 +270,7 @@ def verify(
     checks = []
     for turn, expected in enumerate(expected_calls):
         steps = [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
+        earlier_outputs = list(model_outputs)
         for step in steps:
             if model is None:
                 model = Backends(task, world)
@@ -252,20 +285,26 @@ def verify(
         if model is None:  # compared for diagnosis only; the turn already fails for lack of calls
             model = Backends(task, world)
         differences = _state_differences(model, truth)
-        missing = _missing_from(model_outputs, [o.output for o in truth_outcomes])
-        checks.append(
-            TurnCheck(
-                turn,
-                scorable=True,
-                has_calls=bool(steps),
-                reached=turn < reached,
-                state_ok=not differences,
-                state_differences=differences,
-                instances_ok=set(model.instances) == set(truth.instances),
-                response_ok=not missing,
-                missing_responses=missing,
-                ground_truth_errors=truth_errors,
-            )
+        missing_at = _missing_indices(model_outputs, [o.output for o in truth_outcomes])
+        names = {call.name for step in steps for call in step} | {call.name for call in expected}
+        check = TurnCheck(
+            turn,
+            scorable=True,
+            has_calls=bool(steps),
+            reached=turn < reached,
+            state_ok=not differences,
+            state_differences=differences,
+            instances_ok=set(model.instances) == set(truth.instances),
+            response_ok=not missing_at,
+            missing_responses=tuple(truth_outcomes[i].output for i in missing_at),
+            ground_truth_errors=truth_errors,
+            ground_truth_tools=tuple(call.name for call in expected),
+            missing_calls=tuple(expected[i].name for i in missing_at),
+            tool_classes=tuple(sorted((name, model.owner(name)) for name in names if model.owner(name) is not None)),
         )
+        if check.failure is not None and check.has_calls and any(c.scorable and c.failure for c in checks):
+            inherited = _own_calls_are_right(task, world, expected_calls, turn, steps, earlier_outputs)
+            check = replace(check, inherited=inherited)
+        checks.append(check)
     turns = tuple(checks)
     return Verdict(reward=float(reached >= task.num_turns and all(turn.passed for turn in turns)), turns=turns)
