@@ -181,21 +181,42 @@ def test_a_verifier_crash_becomes_a_checker_error_not_an_exception(task_set, mon
 
 def test_injected_faults_get_the_label_their_fault_determines(task_set):
     """A sample of the diagnosis benchmark (benchmarks/bench_diagnosis.py runs all 800 tasks)."""
+    from seal_rl.faults import determined
+
     env = BfclEnv()
     hits, totals, untouched = Counter(), Counter(), Counter()
     for episode in OraclePolicy(faults=0.3, seed=2).episodes(list(task_set)[::4], task_set, "hermes"):
         labels = [t["label"] for t in play(env, episode)["diagnosis"]["labels"]]
-        faults = episode.extra["faults"]
+        faults = determined(episode.extra["faults"])
         for fault in faults:
             if fault["type"] in EXPECTED_LABEL:
                 totals[fault["type"]] += 1
                 hits[fault["type"]] += labels[fault["turn"]] == EXPECTED_LABEL[fault["type"]]
-        first = min((f["turn"] for f in faults), default=len(labels))
+        first = min((f["turn"] for f in episode.extra["faults"]), default=len(labels))
         untouched.update(labels[:first])
     assert set(totals) == set(EXPECTED_LABEL)
     assert sum(hits.values()) / sum(totals.values()) >= 0.95, (hits, totals)
+    assert hits["retry_after_error"] == totals["retry_after_error"] > 0  # a recovered error is never blamed
     assert set(untouched) <= {"pass", "correct_abstention", "invalid_tool_call"}
     assert untouched["pass"] > 0.95 * (untouched["pass"] + untouched["invalid_tool_call"])
+
+
+def test_precision_and_recall_per_label_on_determined_faults(task_set):
+    """Given labels are right as well as expected labels found: per label, over turns whose label
+    a fault determines (benchmarks/bench_diagnosis.py reports the full table on all 800 tasks)."""
+    from seal_rl.faults import determined, expected_label, precision_recall
+
+    env = BfclEnv()
+    pairs = []
+    for episode in OraclePolicy(faults=0.3, seed=5).episodes(list(task_set)[1::4], task_set, "hermes"):
+        record = play(env, episode)
+        labels = [t["label"] for t in record["diagnosis"]["labels"]]
+        pairs += [(expected_label(f, record), labels[f["turn"]]) for f in determined(episode.extra["faults"])]
+    scores = precision_recall(pairs)
+    assert set(scores) >= {"invalid_tool_call", "argument_mismatch", "missing_tool_call", "spurious_tool_call", "pass"}
+    for label, (precision, recall, n) in scores.items():
+        assert precision >= 0.95 and recall >= 0.95, (label, precision, recall, n)
+    assert precision_recall([("a", "a"), ("a", "b"), ("b", "b")]) == {"a": (1.0, 0.5, 2), "b": (0.5, 1.0, 1)}
 
 
 def test_scorer_and_reach_problems_count_in_no_progress_and_no_weight(random_records):

@@ -14,6 +14,8 @@ wrong_value        changes the value of one argument                         (st
 skipped_call       leaves out one of several calls                           (state/response)
 plain_text         answers in text without calling anything                  missing_tool_call
 call_on_abstain    calls a tool on a turn whose ground truth is to abstain   spurious_tool_call
+retry_after_error  one call fails with an argument error, then the whole    pass
+                   turn is sent correctly (an error recovered from)
 =================  ======================================================  ====================
 
 Faults are drawn per turn with probability ``p`` from those applicable to the turn, with a
@@ -36,7 +38,7 @@ from seal_rl.tools import CallFormat, ToolCall
 
 FAULT_TYPES: tuple[str, ...] = (
     "malformed_call", "unknown_tool", "missing_required", "unknown_argument",
-    "wrong_value", "skipped_call", "plain_text", "call_on_abstain",
+    "wrong_value", "skipped_call", "plain_text", "call_on_abstain", "retry_after_error",
 )  # fmt: skip
 
 # The label diagnosis must give a faulted turn, for the faults that determine one.
@@ -47,6 +49,7 @@ EXPECTED_LABEL: dict[str, str] = {
     "unknown_argument": "argument_mismatch",
     "plain_text": "missing_tool_call",
     "call_on_abstain": "spurious_tool_call",
+    "retry_after_error": "pass",  # the error was recovered from: the turn passes, nobody is blamed
 }
 
 TURN_DONE = "I have completed the requested actions."
@@ -75,7 +78,7 @@ def applicable_faults(calls: Sequence[ToolCall], docs: dict[str, dict[str, Any]]
     """The fault types that can be injected into a turn with these ground-truth calls."""
     if not calls:
         return ["call_on_abstain"]
-    kinds = ["malformed_call", "unknown_tool", "unknown_argument", "plain_text"]
+    kinds = ["malformed_call", "unknown_tool", "unknown_argument", "plain_text", "retry_after_error"]
     if any(_required_present(call, docs) for call in calls):
         kinds.append("missing_required")
     if any(call.arguments for call in calls):
@@ -132,6 +135,10 @@ def faulty_turn(
         return [PLAIN_TEXT_ANSWER], Fault(turn, kind)
     if kind == "malformed_call":
         return [_malformed(calls, fmt), TURN_DONE], Fault(turn, kind)
+    if kind == "retry_after_error":  # one call first fails with an argument error, then the whole turn is right
+        index = rng.randrange(len(calls))
+        failing = ToolCall(calls[index].name, {**copy.deepcopy(calls[index].arguments), UNKNOWN_ARGUMENT: True})
+        return [fmt.render([failing]), fmt.render(calls), TURN_DONE], Fault(turn, kind, {"call": failing.name, "index": index})
     if kind == "skipped_call":
         index = rng.randrange(len(calls))
         skipped = calls.pop(index)
@@ -212,3 +219,36 @@ def oracle_transcript(
         else:
             messages.append(ABSTAIN)
     return messages, faults
+
+
+def precision_recall(pairs: Sequence[tuple[str, str]]) -> dict[str, tuple[float, float, int]]:
+    """Per label: (precision, recall, expected count) over (expected, given) label pairs.
+
+    Precision: of the turns given the label, the share expected to have it (wrong labels count
+    against it); recall: of the turns expected to have it, the share given it.
+    """
+    labels = sorted({label for pair in pairs for label in pair})
+    scores = {}
+    for label in labels:
+        given = sum(1 for _, g in pairs if g == label)
+        expected = sum(1 for e, _ in pairs if e == label)
+        hits = sum(1 for e, g in pairs if e == g == label)
+        scores[label] = (hits / given if given else 1.0, hits / expected if expected else 1.0, expected)
+    return scores
+
+
+def determined(faults: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The faults of an episode whose turn label :data:`EXPECTED_LABEL` determines.
+
+    ``retry_after_error`` determines ``pass`` only when it is the episode's first fault: after an
+    earlier faulted turn its state may differ through no fault of its own (an inherited failure).
+    """
+    first = min((f["turn"] for f in faults), default=None)
+    return [f for f in faults if f["type"] in EXPECTED_LABEL and (f["type"] != "retry_after_error" or f["turn"] == first)]
+
+
+def expected_label(fault: dict[str, Any], record: dict[str, Any]) -> str:
+    """The label Ψ must give a determined fault's turn: :data:`EXPECTED_LABEL`, or ``pass`` when the
+    official check passes the turn anyway (e.g. an erroring read whose output was already shown)."""
+    turn = record["verdict"]["turns"][fault["turn"]]
+    return "pass" if turn["scorable"] and turn["failure"] is None else EXPECTED_LABEL[fault["type"]]
