@@ -244,3 +244,55 @@ def test_a_single_turn_task_answered_in_text_is_reached(task_set):
     assert record["end_reason"] == "completed" and record["turns_reached"] == 1
     assert [t.label for t in diagnose(record).labels] == ["missing_tool_call"]
 
+
+
+def test_a_failure_carried_over_from_an_earlier_turn_is_inherited_not_blamed_again(task_set):
+    """multi_turn_base_0: turn 0 forgets to move the report into temp/; turn 1's own calls (cd temp,
+    grep the report) are exactly the ground truth's, but they fail on the state turn 0 left."""
+    from seal_rl.profile import EpisodeLabels, RoundCounts
+
+    hermes = get_format("hermes")
+    truth = ground_truth_calls(task_set.get("multi_turn_base_0"))
+    record = _play(task_set, "multi_turn_base_0", [[hermes.render(list(truth[0][:2]))], [hermes.render(list(truth[1]))]])
+    checks = record["verdict"]["turns"]
+    assert checks[0]["failure"] and not checks[0]["inherited"]
+    assert checks[1]["failure"] and checks[1]["inherited"]
+    first, second = diagnose(record).labels[:2]
+    assert first.label == "missing_tool_call" and first.evidence["never_called"] == ["mv"] and "inherited" not in first.evidence
+    assert second.label in ("state_mismatch", "response_mismatch") and second.evidence["inherited"] is True
+    counts = RoundCounts.of(1, [EpisodeLabels(record["task_id"], record["category"], record["reward"], diagnose(record))])
+    assert counts.inherited == {second.label: 1} and counts.labels.get(second.label, 0) == 0
+    # The same turn 1 after a correct turn 0 passes: the counterfactual is what the turn does on a right state.
+    right = _play(task_set, "multi_turn_base_0", [[hermes.render(list(truth[0]))], [hermes.render(list(truth[1]))]])
+    assert [t.label for t in diagnose(right).labels[:2]] == ["pass", "pass"]
+    # A turn 1 that is wrong in itself is not inherited even after a failed turn 0.
+    own = _play(task_set, "multi_turn_base_0", [[hermes.render(list(truth[0][:2]))], [hermes.render([truth[1][0]])]])
+    assert own["verdict"]["turns"][1]["inherited"] is False and diagnose(own).labels[1].label == "missing_tool_call"
+
+
+def test_instance_mismatch_is_acting_on_a_class_the_turn_does_not_use(task_set):
+    """multi_turn_base_11's second turn only posts a tweet; the model also creates a file."""
+    hermes = get_format("hermes")
+    truth = ground_truth_calls(task_set.get("multi_turn_base_11"))
+    assert [c.name for c in truth[1]] == ["post_tweet"]
+    stray = ToolCall("touch", {"file_name": "stray.txt"})
+    record = _play(task_set, "multi_turn_base_11", [[hermes.render(list(truth[0]))], [hermes.render([*truth[1], stray])]])
+    check = record["verdict"]["turns"][1]
+    assert check["failure"] and {d["class_name"] for d in check["state_differences"]} == {"GorillaFileSystem"}
+    for priority in ("seal", "paper"):
+        label = diagnose(record, priority).labels[1]
+        assert label.label == "instance_mismatch" and label.evidence["classes"] == ["GorillaFileSystem"]
+    # The same stray file on a turn whose ground truth works in the file system is in scope: state_mismatch.
+    in_scope = _play(task_set, "multi_turn_base_11", [[hermes.render([*truth[0], stray])]])
+    assert diagnose(in_scope).labels[0].label == "state_mismatch"
+
+
+def test_priority_presets_order_the_candidates(task_set):
+    hermes = get_format("hermes")
+    truth = ground_truth_calls(task_set.get("multi_turn_base_0"))
+    # skips mv (a needed tool never called) and so leaves the file system different as well
+    record = _play(task_set, "multi_turn_base_0", [[hermes.render(list(truth[0][:2]))]])
+    assert diagnose(record, "seal").labels[0].label == "missing_tool_call"
+    assert diagnose(record, "paper").labels[0].label == "state_mismatch"
+    with pytest.raises(ValueError, match="Unknown diagnosis priority"):
+        diagnose(record, "best")
