@@ -105,13 +105,16 @@ def _call_evidence(entry: Mapping[str, Any]) -> dict[str, Any]:
 
 
 PRIORITIES: Mapping[str, tuple[str, ...]] = {
-    "seal": ("invalid_tool_call", "argument_mismatch", "missing_tool_call", "recovery_failure", "instance_mismatch",
-             "state_mismatch", "response_mismatch"),
+    "seal": ("invalid_tool_call", "argument_mismatch", "missing_tool_call", "recovery_failure", "missing_needed_tool",
+             "instance_mismatch", "state_mismatch", "response_mismatch"),
     "paper": ("invalid_tool_call", "argument_mismatch", "instance_mismatch", "state_mismatch", "recovery_failure",
-              "missing_tool_call", "response_mismatch"),
+              "missing_tool_call", "missing_needed_tool", "response_mismatch"),
 }  # fmt: skip
-"""First match wins among a failed turn's candidate labels. ``seal``: DESIGN.md §4. ``paper``: SEAL
-Table 5 (invalid → argument → state → recovery → missing call → response), with
+"""First match wins among a failed turn's candidate labels. ``seal``: DESIGN.md §4, where a turn
+with no accepted call is ``missing_tool_call`` before an unrecovered error is looked at, and a
+needed tool never called among other calls (``missing_needed_tool``, labelled ``missing_tool_call``)
+comes after ``recovery_failure``: a failed attempt left unrecovered explains the missing call.
+``paper``: SEAL Table 5 (invalid → argument → state → recovery → missing call → response), with
 ``instance_mismatch``, which Table 5 does not rank, just before the state check as in the
 official checker."""
 
@@ -128,7 +131,8 @@ def _blamed(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], chec
 
     Yes when the same tool never succeeds later in the turn (an unparseable message: when no call
     succeeds after it), or when a missing ground-truth output was that tool's to produce, or when
-    a differing state attribute belongs to the class that answers that tool.
+    a differing state attribute belongs to the class that answers that tool. Outputs and
+    attributes an earlier failed turn left wrong (``carried_over``) are not this call's doing.
     """
     name = entry["name"]
     succeeded_later = any(
@@ -140,7 +144,10 @@ def _blamed(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], chec
     if name is None:
         return False
     owner = dict(map(tuple, check.get("tool_classes", ()))).get(name)
-    return name in check.get("missing_calls", ()) or any(d["class_name"] == owner for d in check["state_differences"])
+    carried = set(check.get("carried_over", ()))  # left behind by an earlier failed turn: not this call's doing
+    own = [d for d in check["state_differences"] if f"{d['class_name']}.{d['attribute']}" not in carried]
+    own_missing = set(check.get("missing_calls", ())) - set(check.get("carried_over_calls", ()))
+    return name in own_missing or any(d["class_name"] == owner for d in own)
 
 
 def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mapping[str, Any], record) -> dict[str, TurnLabel]:
@@ -180,7 +187,8 @@ def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mappi
         evidence = {"text": _excerpt(texts[steps[-1]])} if steps and steps[-1] < len(texts) else {}
         if accepted:
             evidence["never_called"] = never_called
-        candidates["missing_tool_call"] = TurnLabel(turn, "missing_tool_call", evidence)
+        key = "missing_needed_tool" if accepted else "missing_tool_call"  # the same label, ranked apart
+        candidates[key] = TurnLabel(turn, "missing_tool_call", evidence)
     errors = [e for e in accepted if e["error_kind"] == "execution" and not _raised_argument_error(e) and _blamed(e, entries, check)]
     if errors:
         first = errors[0]
@@ -205,7 +213,8 @@ def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mappi
 def _label_failed_turn(turn: int, entries: list[Mapping[str, Any]], check: Mapping[str, Any], record, priority: str) -> TurnLabel:
     candidates = failure_candidates(turn, entries, check, record)
     if check.get("inherited"):  # its own calls were right: keep the checker's verdict, say so
-        checker = [z for z in PRIORITIES[priority] if z in candidates and z not in EXECUTION_LABELS and z != "missing_tool_call"]
+        checker = [z for z in PRIORITIES[priority] if z in candidates and z not in EXECUTION_LABELS
+                   and z not in ("missing_tool_call", "missing_needed_tool")]  # fmt: skip
         chosen = candidates[checker[0]] if checker else next(iter(candidates.values()))
         return TurnLabel(turn, chosen.label, {**chosen.evidence, "inherited": True})
     for label in PRIORITIES[priority]:

@@ -70,6 +70,9 @@ class TurnCheck:
     inherited: the turn fails, an earlier scorable turn failed, and the model's own calls of this
         turn, replayed on the ground truth's state before the turn, leave no state difference and
         no missing output: every difference is carried over.
+    carried_over: the differing attributes (``Class.attribute``) that the same replay does not
+        produce: differences an earlier failed turn left behind (computed after a failed turn only).
+    carried_over_calls: likewise, the ``missing_calls`` whose outputs the replay does produce.
     """
 
     turn: int
@@ -86,6 +89,8 @@ class TurnCheck:
     missing_calls: tuple[str, ...] = ()
     tool_classes: tuple[tuple[str, str], ...] = ()
     inherited: bool = False
+    carried_over: tuple[str, ...] = ()
+    carried_over_calls: tuple[str, ...] = ()
 
     @property
     def failure(self) -> str | None:
@@ -229,10 +234,10 @@ def _missing_indices(outputs: Sequence[str], expected: Sequence[str]) -> list[in
     return missing
 
 
-def _own_calls_are_right(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str]) -> bool:
-    """Would this turn pass if it had started from the ground truth's state? (Diagnosis of
-    inherited failures: the model's accepted calls of ``turn`` replayed on a ground-truth replay
-    of the turns before it, compared with the ground truth after it.)"""
+def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str]) -> tuple[set[str], list[str]]:
+    """What this turn's own calls get wrong: the model's accepted calls of ``turn`` replayed on a
+    ground-truth replay of the turns before it, compared with the ground truth after it. Returns
+    the differing attributes (``Class.attribute``) and the ground-truth calls whose outputs are missing."""
     before, after = Backends(task, world), Backends(task, world)
     for calls in expected_calls[:turn]:
         for call in calls:
@@ -240,7 +245,9 @@ def _own_calls_are_right(task: Task, world: BackendWorld, expected_calls, turn: 
             after.execute(call)
     truth_outputs = [after.execute(call).output for call in expected_calls[turn]]
     own_outputs = [before.execute(call).output for step in steps for call in step]
-    return not _state_differences(before, after) and not _missing_from([*earlier_outputs, *own_outputs], truth_outputs)
+    differences = {f"{d.class_name}.{d.attribute}" for d in _state_differences(before, after)}
+    missing = _missing_indices([*earlier_outputs, *own_outputs], truth_outputs)
+    return differences, [expected_calls[turn][i].name for i in missing]
 
 
 def verify(
@@ -303,8 +310,10 @@ def verify(
             tool_classes=tuple(sorted((name, model.owner(name)) for name in names if model.owner(name) is not None)),
         )
         if check.failure is not None and check.has_calls and any(c.scorable and c.failure for c in checks):
-            inherited = _own_calls_are_right(task, world, expected_calls, turn, steps, earlier_outputs)
-            check = replace(check, inherited=inherited)
+            own, own_missing = _own_outcome(task, world, expected_calls, turn, steps, earlier_outputs)
+            carried = tuple(f"{d.class_name}.{d.attribute}" for d in differences if f"{d.class_name}.{d.attribute}" not in own)
+            carried_calls = tuple(name for name in check.missing_calls if name not in own_missing)
+            check = replace(check, inherited=not own and not own_missing, carried_over=carried, carried_over_calls=carried_calls)
         checks.append(check)
     turns = tuple(checks)
     return Verdict(reward=float(reached >= task.num_turns and all(turn.passed for turn in turns)), turns=turns)
