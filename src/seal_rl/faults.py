@@ -247,8 +247,12 @@ def determined(faults: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in faults if f["type"] in EXPECTED_LABEL and (f["type"] != "retry_after_error" or f["turn"] == first)]
 
 
-def expected_label(fault: dict[str, Any], record: dict[str, Any]) -> str:
+def expected_label(fault: dict[str, Any], record: dict[str, Any]) -> str | None:
     """The label Ψ must give a determined fault's turn: :data:`EXPECTED_LABEL`, or ``pass`` when the
-    official check passes the turn anyway (e.g. an erroring read whose output was already shown)."""
+    official check passes the turn anyway (e.g. an erroring read whose output was already shown);
+    None when the turn fails only through what an earlier faulted turn left behind (an inherited
+    failure: the fault then determines nothing)."""
     turn = record["verdict"]["turns"][fault["turn"]]
-    return "pass" if turn["scorable"] and turn["failure"] is None else EXPECTED_LABEL[fault["type"]]
+    if turn["scorable"] and turn["failure"] is None:
+        return "pass"
+    return None if turn.get("inherited") else EXPECTED_LABEL[fault["type"]]
