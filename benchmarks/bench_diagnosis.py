@@ -47,6 +47,7 @@ def main() -> int:
     untouched: Counter = Counter()
     pairs: list[tuple[str, str]] = []
     inherited_faults = 0
+    scored, scored_hits = Counter(), Counter()  # determined faults: the label Ψ must give, and hits
     started = time.perf_counter()
     for seed in range(args.seeds):
         for episode in OraclePolicy(args.faults, seed).episodes(list(task_set), task_set, "hermes"):
@@ -55,6 +56,10 @@ def main() -> int:
             faults = episode.extra["faults"]
             expected = [(expected_label(f, record), labels[f["turn"]]) for f in determined(faults)]
             pairs += [pair for pair in expected if pair[0] is not None]
+            for f in determined(faults):
+                if expected_label(f, record) is not None:
+                    scored[f["type"]] += 1
+                    scored_hits[f["type"]] += labels[f["turn"]] == expected_label(f, record)
             inherited_faults += sum(1 for pair in expected if pair[0] is None)
             for fault in faults:
                 confusion[fault["type"]][labels[fault["turn"]]] += 1
@@ -62,16 +67,16 @@ def main() -> int:
     seconds = time.perf_counter() - started
 
     columns = [label for label in LABELS if any(label in row for row in [*confusion.values(), untouched])]
-    table = Table("fault \\ label", *columns, "faulted turns", "expected label", "hit rate",
+    table = Table("fault \\ label", *columns, "faulted turns", "expected label", "hit rate (determined)",
                   title=f"Label at the faulted turn (oracle, faults={args.faults}, {args.seeds} seeds x 800 tasks)")  # fmt: skip
     hits = total = 0
     for kind in FAULT_TYPES:
         row = confusion[kind]
         n = sum(row.values())
         expected = EXPECTED.get(kind)
-        rate = f"{row[expected] / n:.1%}" if expected and n else "-"
+        rate = f"{scored_hits[kind] / scored[kind]:.1%} of {scored[kind]}" if expected and scored[kind] else "-"
         if expected:
-            hits, total = hits + row[expected], total + n
+            hits, total = hits + scored_hits[kind], total + scored[kind]
         table.add_row(kind, *(str(row.get(label, "")) for label in columns), str(n), expected or "(depends)", rate)
     table.add_row("untouched earlier turns", *(str(untouched.get(label, "")) for label in columns), str(sum(untouched.values())), "pass", "")
     console.print(table)

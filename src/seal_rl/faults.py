@@ -16,7 +16,13 @@ plain_text         answers in text without calling anything                  mis
 call_on_abstain    calls a tool on a turn whose ground truth is to abstain   spurious_tool_call
 retry_after_error  one call fails with an argument error, then the whole    pass
                    turn is sent correctly (an error recovered from)
+wrong_tool_then_   first calls another available tool without its          pass
+right              required arguments (it fails), then the right turn
+extra_read         the right turn, then a read-only call (e.g. pwd)        pass
 =================  ======================================================  ====================
+
+The three ``pass`` faults determine their turn's label only when they are the episode's first
+fault: after an earlier faulted turn a right turn may still fail through inherited state.
 
 Faults are drawn per turn with probability ``p`` from those applicable to the turn, with a
 random generator seeded from ``(seed, task id)``, so a task's faults do not depend on which other
@@ -39,6 +45,14 @@ from seal_rl.tools import CallFormat, ToolCall
 FAULT_TYPES: tuple[str, ...] = (
     "malformed_call", "unknown_tool", "missing_required", "unknown_argument",
     "wrong_value", "skipped_call", "plain_text", "call_on_abstain", "retry_after_error",
+    "wrong_tool_then_right", "extra_read",
+)  # fmt: skip
+
+# Tools that only read (no state change in BFCL's backends): what ``extra_read`` may add.
+READ_ONLY_TOOLS: tuple[str, ...] = (
+    "pwd", "get_current_time", "list_all_airports", "check_tire_pressure", "get_current_speed",
+    "message_get_login_status", "posting_get_login_status", "ticket_get_login_status",
+    "trading_get_login_status", "travel_get_login_status", "get_message_stats", "list_users",
 )  # fmt: skip
 
 # The label diagnosis must give a faulted turn, for the faults that determine one.
@@ -50,6 +64,8 @@ EXPECTED_LABEL: dict[str, str] = {
     "plain_text": "missing_tool_call",
     "call_on_abstain": "spurious_tool_call",
     "retry_after_error": "pass",  # the error was recovered from: the turn passes, nobody is blamed
+    "wrong_tool_then_right": "pass",
+    "extra_read": "pass",
 }
 
 TURN_DONE = "I have completed the requested actions."
@@ -74,11 +90,16 @@ def _docs_by_name(task: Task) -> dict[str, dict[str, Any]]:
     return {doc["name"]: doc for doc in task.all_functions()}
 
 
-def applicable_faults(calls: Sequence[ToolCall], docs: dict[str, dict[str, Any]]) -> list[str]:
+def applicable_faults(calls: Sequence[ToolCall], docs: dict[str, dict[str, Any]], available: Sequence[str] = ()) -> list[str]:
     """The fault types that can be injected into a turn with these ground-truth calls."""
     if not calls:
         return ["call_on_abstain"]
     kinds = ["malformed_call", "unknown_tool", "unknown_argument", "plain_text", "retry_after_error"]
+    names = {call.name for call in calls}
+    if any(name not in names and docs[name].get("parameters", {}).get("required") for name in available):
+        kinds.append("wrong_tool_then_right")
+    if any(name in available for name in READ_ONLY_TOOLS):
+        kinds.append("extra_read")
     if any(_required_present(call, docs) for call in calls):
         kinds.append("missing_required")
     if any(call.arguments for call in calls):
@@ -139,6 +160,13 @@ def faulty_turn(
         index = rng.randrange(len(calls))
         failing = ToolCall(calls[index].name, {**copy.deepcopy(calls[index].arguments), UNKNOWN_ARGUMENT: True})
         return [fmt.render([failing]), fmt.render(calls), TURN_DONE], Fault(turn, kind, {"call": failing.name, "index": index})
+    if kind == "wrong_tool_then_right":  # another tool, called without its required arguments: it fails
+        names = {call.name for call in calls}
+        wrong = rng.choice(sorted(n for n in available if n not in names and docs[n].get("parameters", {}).get("required")))
+        return [fmt.render([ToolCall(wrong, {})]), fmt.render(calls), TURN_DONE], Fault(turn, kind, {"call": wrong})
+    if kind == "extra_read":
+        read = rng.choice([name for name in READ_ONLY_TOOLS if name in available])
+        return [fmt.render(calls), fmt.render([ToolCall(read, {})]), TURN_DONE], Fault(turn, kind, {"call": read})
     if kind == "skipped_call":
         index = rng.randrange(len(calls))
         skipped = calls.pop(index)
@@ -207,7 +235,7 @@ def oracle_transcript(
     for index, calls in enumerate(ground_truth):
         available += [doc["name"] for doc in task.held_out.get(index, ())]
         drawn = rng.random() < fault_rate
-        choices = [k for k in applicable_faults(calls, docs) if kinds is None or k in kinds]
+        choices = [k for k in applicable_faults(calls, docs, available) if kinds is None or k in kinds]
         if drawn and choices and target in (None, index):
             kind = rng.choice(choices)
             later = [c for later_turn in ground_truth[index + 1:] for c in later_turn]
@@ -240,11 +268,12 @@ def precision_recall(pairs: Sequence[tuple[str, str]]) -> dict[str, tuple[float,
 def determined(faults: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The faults of an episode whose turn label :data:`EXPECTED_LABEL` determines.
 
-    ``retry_after_error`` determines ``pass`` only when it is the episode's first fault: after an
-    earlier faulted turn its state may differ through no fault of its own (an inherited failure).
+    Faults that leave a right turn (expected ``pass``) determine it only when they are the
+    episode's first fault: after an earlier faulted turn its state may differ through no fault of
+    its own (an inherited failure).
     """
     first = min((f["turn"] for f in faults), default=None)
-    return [f for f in faults if f["type"] in EXPECTED_LABEL and (f["type"] != "retry_after_error" or f["turn"] == first)]
+    return [f for f in faults if f["type"] in EXPECTED_LABEL and (EXPECTED_LABEL[f["type"]] != "pass" or f["turn"] == first)]
 
 
 def expected_label(fault: dict[str, Any], record: dict[str, Any]) -> str | None:
