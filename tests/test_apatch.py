@@ -112,3 +112,21 @@ def test_config_validation_names_the_fix():
         ApatchConfig(preset="mine")
     assert ApatchConfig(preset="reference").base_utility == dict(REFERENCE_UTILITY)
     assert ApatchConfig(utility={"pass": 2.0}).base_utility == {"pass": 2.0}
+
+
+def test_inherited_turns_weigh_only_when_asked(task_set, tmp_path):
+    """A-Patch weighs a trajectory by the turns its own calls got wrong (apatch.count_inherited)."""
+    from pathlib import Path
+
+    from seal_rl.train import SealLoop, load_recipe
+
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke-cpu.yaml"
+    record = {"diagnosis": {"labels": [
+        {"turn": 0, "label": "recovery_failure", "evidence": {}},
+        {"turn": 1, "label": "state_mismatch", "evidence": {"inherited": True}},
+    ]}, "reference_labels": []}  # fmt: skip
+    default = SealLoop(load_recipe(smoke), task_set, tmp_path / "a")
+    counting = SealLoop(load_recipe(smoke, ["apatch.count_inherited=true"]), task_set, tmp_path / "b")
+    assert default._labels(record) == ["recovery_failure"]
+    assert counting._labels(record) == ["recovery_failure", "state_mismatch"]
+    assert default._weight(record) != counting._weight(record)
