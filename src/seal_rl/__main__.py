@@ -1,3 +1,3 @@
-from seal_rl.cli import main
+from seal_rl.cli import entry
 
-main()
+entry()

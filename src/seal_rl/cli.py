@@ -405,6 +405,22 @@ def serve_command(
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
 
 
+def entry() -> None:
+    """The ``seal`` command (console script and ``python -m seal_rl``).
+
+    BFCL's backends format Python sets into some tool outputs (e.g. "Must be one of {'economy',
+    'business', 'first'}"), and string hashing is randomised per process, so the same call could
+    answer differently in a resumed, parallel or repeated run — and the model would see it. The
+    hash seed is fixed once, before anything runs, unless the caller set one.
+    """
+    import os
+
+    if "PYTHONHASHSEED" not in os.environ:
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, "-m", "seal_rl", *sys.argv[1:]])
+    main()
+
+
 def main() -> None:
     """Entry point of the ``seal`` command: user errors become one line on stderr and exit code 2."""
     try:
