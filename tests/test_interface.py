@@ -401,7 +401,9 @@ def test_no_component_ever_shows_what_the_agent_has_not_been_shown_yet(task_set)
             base = _base_steps(task, messages, prompt_mode)
             for state in states:
                 check.run(task, messages, prompt_mode, state, base)
-    assert check.leaks == [], check.leaks[:5]
+    assert not check.leaks, f"{len(check.leaks)} leak(s):\n" + "\n".join(
+        f"{task_id} {mode} {'+'.join(components)} turn {turn}: {'; '.join(found)} in {text!r}"
+        for task_id, mode, components, turn, found, text in check.leaks[:8])  # fmt: skip
     # Not vacuous: many texts were checked, of every kind, against non-empty forbidden sets.
     assert miss_func == 200 and categories == {"base": 10, "miss_func": 10, "miss_param": 10, "long_context": 10}
     assert check.added > 50_000, check.added
