@@ -1,5 +1,8 @@
+import collections
+import difflib
 import json
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -12,6 +15,7 @@ from seal_rl.errors import SealError
 from seal_rl.faults import oracle_transcript
 from seal_rl.interface import (
     ADDITIONAL_FUNCTIONS_PROMPT,
+    ASK_USER,
     GUIDELINES,
     PAPER_NOTE,
     Interface,
@@ -22,7 +26,7 @@ from seal_rl.interface import (
     evolve,
 )
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
-from seal_rl.tools import SchemaViolation, ToolCall, get_format
+from seal_rl.tools import SchemaViolation, ToolCall, ToolCatalog, get_format
 from seal_rl.verify import ground_truth_calls
 
 ALL_ON = InterfaceState(
@@ -69,9 +73,25 @@ def test_held_out_functions_are_annotated_like_the_others(task_set, prompt_mode)
     (turn, docs), = task.held_out.items()
     while env.turn < turn:
         observation, *_, info = env.step("ok")
-    assert observation[0]["content"].endswith(ADDITIONAL_FUNCTIONS_PROMPT) and "[required]" in observation[0]["content"]
+    listing, restated = observation[0]["content"].split("\n" + ADDITIONAL_FUNCTIONS_PROMPT)
+    assert "[required]" in listing
     revealed = next(s for s in info["tools"] if s["function"]["name"] == docs[0]["name"])
     assert "[required]" in json.dumps(revealed)
+    # φ_cap's tool list, fixed in the system prompt at reset, is restated with the revealed tools.
+    names = [spec["function"]["name"] for spec in info["tools"]]
+    assert restated == "\n\nAvailable tools: " + ", ".join(names) + "." and docs[0]["name"] in names
+    without = Interface(prompt_mode, replace(ALL_ON, tool_list=False)).reveal(docs, task.all_functions())
+    assert without[0]["content"].endswith("\n" + ADDITIONAL_FUNCTIONS_PROMPT)
+
+
+def test_the_format_note_names_the_required_marker_only_when_it_is_shown(task_set):
+    docs = list(task_set.get("multi_turn_base_0").functions)
+    notes = {tools: Interface(state=InterfaceState(preset="seal", schema_tools=tools, format_note=True)).system(docs)
+             for tools in ((), ("*",), ("no_such_tool",))}  # fmt: skip
+    assert "supply every required parameter" in notes[()][0]["content"]
+    assert "supply every [required] parameter" in notes[("*",)][0]["content"]
+    assert "supply every required parameter" in notes[("no_such_tool",)][0]["content"]
+    assert "[required]" not in notes[()][0]["content"]
 
 
 # -- φ_err ------------------------------------------------------------------------------------
@@ -96,7 +116,8 @@ def test_tool_hints_name_the_fix_never_the_answer(task_set):
     available = [_doc(task_set, n) for n in ("cd", "ls", "pwd", "displayCarStatus", "authenticate_travel", "book_flight")]
     missing = ToolResult("cd", "Error during execution: GorillaFileSystem.cd() missing 1 required positional argument: 'folder'",
                          {}, "GorillaFileSystem.cd() missing 1 required positional argument: 'folder'")  # fmt: skip
-    assert _hints(missing, available) == "\n[ToolHint] cd needs the argument(s) folder; its parameters are: folder (required)."
+    assert _hints(missing, available) == ("\n[ToolHint] cd needs the argument(s) folder; its parameters are: folder "
+                                          "(required). Supply them and retry; if a value you need is not known, ask the user.")
     unknown = ToolResult("cd", "Error during execution: x", {"dir": "a"}, "got an unexpected keyword argument 'dir'",
                          (SchemaViolation("unknown_argument", "dir", "unknown argument 'dir'"),))  # fmt: skip
     assert "cd has no parameter dir" in _hints(unknown, available)
@@ -180,9 +201,93 @@ def test_any_state_in_eval_mode_renders_the_base_interface(task_set, state):
 
 
 # -- no leakage -------------------------------------------------------------------------------
+#
+# Everything the interface adds to the base rendering (φ_schema annotations, system notes, [Hint]
+# and [ToolHint] lines, restated tool lists) is compared with what the agent had been shown *up to
+# that step* in the base rendering: tool docs, system block, user turns and tool outputs so far.
+# Forbidden in an added text: (a) a held-out tool's name before its reveal; (b) a ground-truth
+# argument value not shown yet; (c) a later user turn's text or its distinctive tokens.
+
+_TOKEN = re.compile(r"\w+|\W")
+_DISTINCTIVE = re.compile(r"[\w.\-/@]*[\w](?:[\w.\-/@]*[\w])?")
+_QUOTED = re.compile(r"'([^'\n]{3,})'|\"([^\"\n]{3,})\"")
+CATALOG = ToolCatalog()
+LEAK_STATES = [
+    InterfaceState.initial("vanilla"), InterfaceState.initial("seal"), *STATES,
+    InterfaceState(preset="seal", format_note=True, parse_hints=True, guidelines=("cautious_call",)),
+]  # fmt: skip
+
+
+def _appended(base, shown):
+    """The texts ``shown`` appends to the strings of the JSON value ``base``; fails on any other change."""
+    if isinstance(base, str):
+        assert isinstance(shown, str) and shown.startswith(base), (base, shown)
+        return [shown[len(base):]] if shown != base else []
+    if isinstance(base, (dict, list)):
+        assert type(shown) is type(base) and len(shown) == len(base), (base, shown)
+        if isinstance(base, dict):
+            assert list(shown) == list(base), (base, shown)
+            return [text for key in base for text in _appended(base[key], shown[key])]
+        return [text for a, b in zip(base, shown) for text in _appended(a, b)]
+    assert shown == base, (base, shown)
+    return []
+
+
+def _json(line):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _inserted(base, shown):
+    """The runs of text ``shown`` inserts into ``base``; fails if the interface changed base text.
+
+    Lines first; a changed line that is JSON (a tool doc) is compared value by value, any other by
+    tokens."""
+    if shown == base:
+        return []
+    if shown.startswith(base):
+        return [shown[len(base):]]
+    runs = []
+    base_lines, shown_lines = base.split("\n"), shown.split("\n")
+    lines = difflib.SequenceMatcher(None, base_lines, shown_lines, autojunk=False)
+    for op, i1, i2, j1, j2 in lines.get_opcodes():
+        assert op in ("equal", "insert", "replace"), f"base text removed: {base_lines[i1:i2]!r}"
+        if op == "insert":
+            runs.append("\n".join(shown_lines[j1:j2]))
+        elif op == "replace":
+            pairs = list(zip(base_lines[i1:i2], shown_lines[j1:j2]))
+            if i2 - i1 != j2 - j1 or any(_json(a) is None or _json(b) is None for a, b in pairs):
+                pairs = [("\n".join(base_lines[i1:i2]), "\n".join(shown_lines[j1:j2]))]
+            for a, b in pairs:
+                if _json(a) is not None and _json(b) is not None:
+                    runs += _appended(json.loads(a), json.loads(b))
+                    continue
+                a, b = _TOKEN.findall(a), _TOKEN.findall(b)
+                for op2, k1, k2, m1, m2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+                    assert op2 in ("equal", "insert"), f"base text changed: {''.join(a[k1:k2])!r} -> {''.join(b[m1:m2])!r}"
+                    if op2 == "insert":
+                        runs.append("".join(b[m1:m2]))
+    return runs
+
+
+def _added_texts(base_observation, shown_observation, base_tools, shown_tools):
+    """Every text the interface added to one step's observation (and to the tool specs, if given)."""
+    added = []
+    if len(shown_observation) == len(base_observation) + 1 and shown_observation[0]["role"] == "system":
+        added.append(shown_observation[0]["content"])  # chat_template mode: a system message of notes only
+        shown_observation = shown_observation[1:]
+    assert [m["role"] for m in shown_observation] == [m["role"] for m in base_observation]
+    for base, shown in zip(base_observation, shown_observation):
+        added += _inserted(base["content"], shown["content"])
+    if shown_tools is not None:
+        added += _appended(base_tools, shown_tools)
+    return [text for text in added if text.strip()]
 
 
 def _ground_truth_values(task):
+    """Argument values of the task's ground-truth calls (strings and numbers of 3+ characters)."""
     values = set()
     for turn in ground_truth_calls(task):
         for call in turn:
@@ -198,45 +303,129 @@ def _ground_truth_values(task):
     return values
 
 
-def _added_text(base_tools, shown_tools, base_messages, shown_messages):
-    """Every piece of text the components added (they only ever append to base strings)."""
-    added = []
-    base_props = {s["function"]["name"]: s["function"]["parameters"]["properties"] for s in base_tools}
-    for spec in shown_tools:
-        for name, prop in spec["function"]["parameters"]["properties"].items():
-            original = base_props[spec["function"]["name"]][name]["description"]
-            assert prop["description"].startswith(original)
-            added.append(prop["description"][len(original):])
-    base_iter = iter(m for m in base_messages if m["role"] != "system")
-    for message in shown_messages:
-        if message["role"] == "system":
-            added.append(message["content"])
-            continue
-        base = next(base_iter)
-        if message["content"].endswith(ADDITIONAL_FUNCTIONS_PROMPT):
-            continue  # a reveal: its docs are covered by the tool specs above
-        assert message["content"].startswith(base["content"]), (message, base)
-        added.append(message["content"][len(base["content"]):])
-    return added
+def _distinctive_tokens(text):
+    """Tokens of a user text that name instances: quoted spans and tokens with a digit, ``.``, ``_``,
+    ``/``, ``@``, ``-`` or an inner capital (file names, ids, amounts, places)."""
+    tokens = {a or b for a, b in _QUOTED.findall(text)}
+    for token in _DISTINCTIVE.findall(text):
+        if len(token) >= 3 and (re.search(r"[\d._/@\-]", token) or re.search(r".[A-Z]", token)):
+            tokens.add(token)
+    return tokens
 
 
-def test_no_component_ever_shows_a_ground_truth_value_the_base_observation_does_not(task_set):
-    config = EnvConfig(prompt_mode="chat_template")
-    vanilla, annotated = BfclEnv(config), BfclEnv(config, Interface("chat_template", ALL_ON))
-    fmt = get_format("hermes")
-    leaks = []
+def _occurs(token, text):
+    return re.search(r"(?<!\w)" + re.escape(token) + r"(?!\w)", text) is not None
+
+
+class _LeakCheck:
+    """Plays a transcript under the base interface and under ``state`` in lockstep, checking each
+    step's added texts against what the base rendering had shown so far."""
+
+    def __init__(self):
+        self.added = 0
+        self.kinds = collections.Counter()  # added texts by what they contain
+        self.checked = collections.Counter()  # (added text, forbidden item) pairs compared, by kind
+        self.names_checked = set()  # tasks whose held-out names were compared with some added text
+        self.leaks = []
+
+    def run(self, task, messages, prompt_mode, state, base_steps):
+        interface = Interface(prompt_mode, state, catalog=CATALOG)
+        env = BfclEnv(EnvConfig(prompt_mode=prompt_mode), interface, catalog=CATALOG)
+        values = _ground_truth_values(task)
+        held_out = {doc["name"]: turn for turn, docs in task.held_out.items() for doc in docs}
+        user_turns = [" ".join(m["content"] for m in turn) for turn in task.questions]
+        seen = ""
+        observation, info = env.reset(task)
+        steps = [(observation, info.get("tools"))]
+        for message in messages:
+            if env.done:
+                break
+            observation, *_, info = env.step(message)
+            steps.append((observation, info.get("tools")))
+        assert len(steps) == len(base_steps), task.id
+        for (shown, shown_tools), (base, base_tools, turn) in zip(steps, base_steps):
+            seen += "\x00".join(m["content"] for m in base) + "\x00"
+            if base_tools is not None:
+                seen += json.dumps(base_tools) + json.dumps(base_tools, ensure_ascii=False) + "\x00"
+            names = {name for name, reveal in held_out.items() if reveal > turn}
+            unshown = {value for value in values if value not in seen}
+            later = [text for text in user_turns[turn + 1:] if text]
+            tokens = {t for text in later for t in _distinctive_tokens(text) if t not in seen}
+            reveal = any(m["content"].endswith(ADDITIONAL_FUNCTIONS_PROMPT) for m in base)
+            for text in _added_texts(base, shown, base_tools, shown_tools):
+                self.added += 1
+                self.kinds.update(kind for kind in ("[Hint]", "[ToolHint]", "Available tools:", ASK_USER) if kind in text)
+                self.kinds["reveal: Available tools:"] += reveal and "Available tools:" in text
+                self.checked.update(names=len(names), values=len(unshown), tokens=len(tokens), turns=len(later))
+                if names:
+                    self.names_checked.add(task.id)
+                found = ([f"held-out tool {n}" for n in names if _occurs(n, text)]
+                         + [f"unshown value {v!r}" for v in unshown if v in text]
+                         + [f"later user text {t!r}" for t in later if t in text]
+                         + [f"later user token {t!r}" for t in tokens if _occurs(t, text)])  # fmt: skip
+                if found:
+                    self.leaks.append((task.id, prompt_mode, state.active_components, turn, found, text))
+
+
+def _base_steps(task, messages, prompt_mode):
+    """The base rendering of a transcript, step by step: (observation, tools if given, turn)."""
+    env = BfclEnv(EnvConfig(prompt_mode=prompt_mode), catalog=CATALOG)
+    observation, info = env.reset(task)
+    steps = [(observation, info.get("tools"), env.turn)]
+    for message in messages:
+        if env.done:
+            break
+        observation, *_, info = env.step(message)
+        steps.append((observation, info.get("tools"), env.turn))
+    return steps
+
+
+@pytest.mark.slow
+def test_no_component_ever_shows_what_the_agent_has_not_been_shown_yet(task_set):
+    """All-on state: every task with a faulty oracle (a fourth also in chat_template mode).
+    Every other state, both prompt modes, the oracle and a faulty oracle: every 20th task (ten per
+    category)."""
+    fmt, check = get_format("hermes"), _LeakCheck()
+    categories, miss_func = collections.Counter(), 0
     for i, task in enumerate(task_set):
-        messages, _ = oracle_transcript(task, ground_truth_calls(task), fmt, fault_rate=0.5, seed=i)
-        base_obs, base_tools, base_messages = _observations(vanilla, task, messages)
-        shown_obs, shown_tools, shown_messages = _observations(annotated, task, messages)
-        final_base_tools = vanilla.tools
-        base_text = json.dumps(final_base_tools) + json.dumps(base_messages)
-        added = _added_text(final_base_tools, annotated.tools, base_messages, shown_messages)
-        for value in _ground_truth_values(task):
-            if value not in base_text and any(value in text for text in added):
-                leaks.append((task.id, value))
-        assert any(added), task.id
-    assert leaks == []
+        if task.category == "miss_func":
+            assert task.held_out, task.id
+            miss_func += 1
+        faulty, _ = oracle_transcript(task, ground_truth_calls(task), fmt, fault_rate=0.5, seed=i)
+        runs = [("bfcl_qwen_fc", faulty, [ALL_ON])] + ([("chat_template", faulty, [ALL_ON])] if i % 4 == 0 else [])
+        if i % 20 == 0:
+            categories[task.category] += 1
+            clean, _ = oracle_transcript(task, ground_truth_calls(task), fmt)
+            runs = [(mode, messages, LEAK_STATES) for mode in ("bfcl_qwen_fc", "chat_template") for messages in (clean, faulty)]
+        for prompt_mode, messages, states in runs:
+            base = _base_steps(task, messages, prompt_mode)
+            for state in states:
+                check.run(task, messages, prompt_mode, state, base)
+    assert not check.leaks, f"{len(check.leaks)} leak(s):\n" + "\n".join(
+        f"{task_id} {mode} {'+'.join(components)} turn {turn}: {'; '.join(found)} in {text!r}"
+        for task_id, mode, components, turn, found, text in check.leaks[:8])  # fmt: skip
+    # Not vacuous: many texts were checked, of every kind, against non-empty forbidden sets.
+    assert miss_func == 200 and categories == {"base": 10, "miss_func": 10, "miss_param": 10, "long_context": 10}
+    assert check.added > 50_000, check.added
+    assert min(check.kinds.values()) > 100 and len(check.kinds) == 5, check.kinds
+    assert min(check.checked[k] for k in ("names", "values", "tokens", "turns")) > 10_000, check.checked
+    assert {t.id for t in task_set if t.category == "miss_func"} <= check.names_checked
+
+
+def test_every_hint_that_suggests_a_retry_offers_asking_the_user(task_set):
+    """A hint never pushes a call where the user must be asked; its text does not depend on
+    whether the value is actually missing (miss_param) or not (base)."""
+    fmt, interface = get_format("hermes"), Interface(state=ALL_ON)
+    retries = 0
+    for i, task in enumerate(list(task_set)[::10]):
+        messages, _ = oracle_transcript(task, ground_truth_calls(task), fmt, fault_rate=1.0, seed=i)
+        _, _, shown = _observations(BfclEnv(None, interface), task, messages)
+        for message in shown:
+            for line in message["content"].splitlines():
+                if line.startswith(("[ToolHint]", "[Hint]")) and "retry" in line:
+                    retries += 1
+                    assert line.endswith(f"; {ASK_USER}."), line
+    assert retries > 50
 
 
 # -- evolve -----------------------------------------------------------------------------------

@@ -266,7 +266,8 @@ class BfclEnv:
         if revealed:
             self._docs.update((doc["name"], doc) for doc in revealed)
             self._schemas.update((doc["name"], self._catalog.schema(doc)) for doc in revealed)
-            return self.interface.reveal(revealed) + self.interface.question(self.task.questions[turn])
+            reveal = self.interface.reveal(revealed, list(self._docs.values()))
+            return reveal + self.interface.question(self.task.questions[turn])
         return self.interface.question(self.task.questions[turn])
 
     def _end_turn(self, info: dict[str, Any]) -> tuple[list[Message], str]:

@@ -21,13 +21,16 @@ Training-time components, each switched by the :class:`InterfaceState` (Ω_t):
 
 * φ_schema — `` [required]``, `` Allowed values: a, b`` (and, in the ``seal`` preset, the JSON type)
   appended to parameter descriptions of the chosen tools, wherever docs are shown (system block,
-  specs, miss_func reveals), plus a call-format note in the system prompt.
+  specs, miss_func reveals), plus a call-format note in the system prompt (it names the
+  ``[required]`` marker only when some shown doc carries one).
 * φ_err — ``[Hint]`` lines after a rejected message (call skeleton, available tools, answer in
   text if nothing fits) and ``[ToolHint]`` lines after failed calls, including BFCL's plain
   ``Error during execution: ...`` results: missing or unknown arguments, types, allowed values,
-  "inspect first" for things that do not exist, "authenticate first". Built only from the error,
-  the tool's doc and the available tool names — never from the ground truth.
-* φ_cap — short capability guidelines appended to the system prompt.
+  "inspect first" for things that do not exist, "authenticate first". Every hint that suggests
+  retrying also offers asking the user (:data:`ASK_USER`). Built only from the error, the tool's
+  doc and the available tool names — never from the ground truth.
+* φ_cap — short capability guidelines appended to the system prompt, and optionally the list of
+  available tools, restated after each miss_func reveal so that it stays current.
 
 :func:`evolve` is ``Evolve(Ω_t, C_t) -> Ω_{t+1}`` (Eq. 15): labels under pressure in the capability
 profile switch components on, with hysteresis (DESIGN.md §5). In evaluation an :class:`Interface`
@@ -102,6 +105,23 @@ SCHEMA_LABEL, PARSE_LABEL, TOOL_ERROR_LABEL = "argument_mismatch", "invalid_tool
 PRESSURE_LABELS: tuple[str, ...] = (SCHEMA_LABEL, PARSE_LABEL, TOOL_ERROR_LABEL, *GUIDELINE_FOR_LABEL)
 
 ALL_TOOLS = "*"
+
+# Every φ_err hint that suggests retrying a call also offers asking the user (a miss_param turn
+# is passed by asking, not by guessing). Fixed text: it never depends on what is actually missing.
+ASK_USER = "if a value you need is not known, ask the user"
+
+
+def format_note(call_format: str, *, marked: bool) -> str:
+    """φ_schema's call-format note (``seal`` preset). It names the `` [required]`` marker only when
+    ``marked`` (some shown doc carries it); otherwise it points at the schemas' required lists."""
+    required = "[required]" if marked else "required"
+    return (f"Write each tool call exactly as {CALL_SKELETONS[call_format]}, supply every {required} "
+            "parameter, and call only the tools listed.")  # fmt: skip
+
+
+def tool_list_note(docs: Sequence[Mapping[str, Any]]) -> str:
+    """φ_cap's list of the available tools (the missing_tool_call affordance cue)."""
+    return "Available tools: " + ", ".join(doc["name"] for doc in docs) + "."
 
 
 @dataclass(frozen=True)
@@ -358,14 +378,15 @@ class Interface:
             if state.preset == "paper":
                 notes.append(PAPER_NOTE)
             else:
-                notes.append(
-                    f"Write each tool call exactly as {CALL_SKELETONS[self.call_format]}, supply every "
-                    "[required] parameter, and call only the tools listed."
-                )
+                notes.append(format_note(self.call_format, marked=self._marks_required(docs)))
         notes += [GUIDELINES[g] for g in state.guidelines]
         if state.tool_list and docs:
-            notes.append("Available tools: " + ", ".join(doc["name"] for doc in docs) + ".")
+            notes.append(tool_list_note(docs))
         return notes
+
+    def _marks_required(self, docs: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether φ_schema shows a `` [required]`` marker in any of these docs."""
+        return any(extra.startswith(" [required]") for doc in docs for extra in self._extras(doc).values())
 
     # base events ----------------------------------------------------------------------------
 
@@ -382,13 +403,20 @@ class Interface:
         """A user turn's question, as BFCL gives it."""
         return [dict(message) for message in messages]
 
-    def reveal(self, docs: Sequence[Mapping[str, Any]]) -> list[Message]:
-        """The miss_func turn that makes held-out functions available (annotated like the others)."""
+    def reveal(self, docs: Sequence[Mapping[str, Any]], available: Sequence[Mapping[str, Any]] = ()) -> list[Message]:
+        """The miss_func turn that makes held-out functions available (annotated like the others).
+
+        ``available``: every tool available from now on, the revealed ones included. When φ_cap
+        lists the tools (``tool_list``), the list is restated after the reveal so that it stays
+        current; the one in the system prompt was fixed when the episode opened."""
         if self.prompt_mode == "chat_template":
             listing = "\n".join(json.dumps(spec) for spec in self.tool_specs(docs))
         else:
             listing = "\n".join(json.dumps(self.annotate(doc)) for doc in docs)
-        return [{"role": "user", "content": f"{listing}\n{ADDITIONAL_FUNCTIONS_PROMPT}"}]
+        content = f"{listing}\n{ADDITIONAL_FUNCTIONS_PROMPT}"
+        if self._active.tool_list and available:
+            content += "\n\n" + tool_list_note(available)
+        return [{"role": "user", "content": content}]
 
     def tool_results(self, results: Sequence[ToolResult], available: Sequence[Mapping[str, Any]] = ()) -> list[Message]:
         """The observation after an accepted message: one result per call, in call order."""
@@ -430,7 +458,8 @@ class Interface:
         if match and not unknown:
             unknown = [match.group(1)]
         if missing:
-            hints.append(f"{result.name} needs the argument(s) {', '.join(missing)}; its parameters are: {signature}.")
+            hints.append(f"{result.name} needs the argument(s) {', '.join(missing)}; its parameters are: {signature}. "
+                         f"Supply them and retry; {ASK_USER}.")  # fmt: skip
         if unknown:
             hints.append(f"{result.name} has no parameter {', '.join(unknown)}; its parameters are: {signature}.")
         for violation in result.violations:
@@ -443,13 +472,13 @@ class Interface:
         if not hints and error:
             if _AUTH.search(error):
                 auth = [n for n in docs if "login" in n or "authenticate" in n]
-                hints.append("Authenticate first" + (f" (e.g. with {', '.join(auth)})" if auth else "") + ", then retry.")
+                hints.append("Authenticate first" + (f" (e.g. with {', '.join(auth)})" if auth else "") + f", then retry; {ASK_USER}.")
             elif _NOT_FOUND.search(error):
                 inspect = [n for n in _INSPECT_TOOLS if n in docs]
                 hints.append("Something the call refers to does not exist here; inspect the current state first"
-                             + (f" (e.g. with {', '.join(inspect)})" if inspect else "") + ", then retry.")  # fmt: skip
+                             + (f" (e.g. with {', '.join(inspect)})" if inspect else "") + f", then retry; {ASK_USER}.")  # fmt: skip
             elif result.output.startswith("Error during execution"):
-                hints.append(f"The call to {result.name} failed; check its arguments against its parameters ({signature}) and the current state, then retry.")
+                hints.append(f"The call to {result.name} failed; check its arguments against its parameters ({signature}) and the current state, then retry; {ASK_USER}.")
             else:
-                hints.append(f"{result.name} reported an error; fix its cause and retry, or tell the user why it cannot be done.")
+                hints.append(f"{result.name} reported an error; fix its cause and retry, or tell the user why it cannot be done; {ASK_USER}.")
         return "".join(f"\n[ToolHint] {hint}" for hint in hints)
