@@ -126,6 +126,11 @@ def _raised_argument_error(entry: Mapping[str, Any]) -> bool:
     return result is not None and result.startswith("Error during execution") and bool(_ARGUMENT_ERROR.search(result))
 
 
+def _tool_classes(check: Mapping[str, Any]) -> dict[str, str]:
+    """Tool name -> the backend class that answers it, for the tools of one turn (JSON pairs)."""
+    return {tool: owner for tool, owner in check.get("tool_classes", ())}
+
+
 def _blamed(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], check: Mapping[str, Any]) -> bool:
     """Did this failed call plausibly cause the turn's failure? (causal attribution)
 
@@ -143,7 +148,7 @@ def _blamed(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], chec
         return True
     if name is None:
         return False
-    owner = dict(map(tuple, check.get("tool_classes", ()))).get(name)
+    owner = _tool_classes(check).get(name)
     carried = set(check.get("carried_over", ()))  # left behind by an earlier failed turn: not this call's doing
     own = [d for d in check["state_differences"] if f"{d['class_name']}.{d['attribute']}" not in carried]
     own_missing = set(check.get("missing_calls", ())) - set(check.get("carried_over_calls", ()))
@@ -195,7 +200,7 @@ def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mappi
         evidence = {**_call_evidence(first), "error": first["error"],
                     "later_calls": sum(1 for e in accepted if e["step"] > first["step"])}  # fmt: skip
         candidates["recovery_failure"] = TurnLabel(turn, "recovery_failure", evidence)
-    classes = dict(map(tuple, check.get("tool_classes", ())))
+    classes = _tool_classes(check)
     in_scope = {classes.get(name) for name in check.get("ground_truth_tools", ())}
     touched = {classes.get(e["name"]) for e in accepted} - in_scope - {None}
     stray = sorted({d["class_name"] for d in check["state_differences"]} & touched)
