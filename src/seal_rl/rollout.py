@@ -214,7 +214,7 @@ def _lockstep(generator: Generator, admit, active, request, advance, seed: int, 
     while active:
         requests = [request(state) for state in active]
         started = time.perf_counter()
-        generations = generator.generate(requests, seed=_tick_seed(seed, stats.ticks))
+        generations = generator.generate(requests, seed=derived_seed(seed, stats.ticks))
         stats.generation += time.perf_counter() - started
         stats.ticks += 1
         started = time.perf_counter()
@@ -240,7 +240,7 @@ def _stream(generator: StreamingGenerator, admit, active, request, advance, seed
             if state.index not in asked:
                 asked.add(state.index)
                 calls[state.index] = calls.get(state.index, 0) + 1
-                in_flight[generator.submit(request(state), _call_seed(seed, state.index, calls[state.index]))] = state
+                in_flight[generator.submit(request(state), derived_seed(seed, state.index, calls[state.index]))] = state
 
     submit_new()
     while in_flight:
@@ -296,9 +296,7 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
     state.trajectory.add_environment(continuation)
 
 
-def _tick_seed(seed: int, tick: int) -> int:
-    return zlib.crc32(f"{seed}:{tick}".encode()) & 0x7FFFFFFF
-
-
-def _call_seed(seed: int, episode: int, call: int) -> int:
-    return zlib.crc32(f"{seed}:{episode}:{call}".encode()) & 0x7FFFFFFF
+def derived_seed(*parts: object) -> int:
+    """A 31-bit seed from its parts (run seed, round, rank, episode, call, ...): the same parts give
+    the same seed in every process and every rerun (no use of Python's randomised ``hash``)."""
+    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF

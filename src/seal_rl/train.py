@@ -46,7 +46,7 @@ from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
-from seal_rl.rollout import Budgets, DriverStats, Rollout, run_episodes
+from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
@@ -196,7 +196,7 @@ class SealRecipe:
     """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
     eval: ValidationConfig = field(default_factory=ValidationConfig)
     """validation during training"""
-    diagnosis: DiagnosisConfig = field(default_factory=lambda: DiagnosisConfig())
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     """how Ψ labels a failed turn that qualifies for several labels"""
 
 
@@ -354,7 +354,7 @@ class SealLoop:
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
             mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens(trainer.processing_class),
-            budgets=self.budgets, concurrency=self.recipe.concurrency, seed=hash_seed(self.recipe.grpo.seed, 0, rank),
+            budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
         generator.close()
         model.train(training)
@@ -399,7 +399,7 @@ class SealLoop:
         stats = DriverStats()
         rollouts = run_episodes(
             episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat, budgets=self.budgets,
-            concurrency=self.recipe.concurrency, seed=hash_seed(self.recipe.grpo.seed, round_index, _rank(trainer)),
+            concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)),
             stats=stats,
         )  # fmt: skip
         if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
@@ -570,12 +570,6 @@ def _import_factory(spec: str) -> Any:
         raise SealError(f"Cannot load generator factory {spec!r} ({exc}).") from None
 
 
-def hash_seed(seed: int, round_index: int, rank: int) -> int:
-    import zlib
-
-    return zlib.crc32(f"{seed}:{round_index}:{rank}".encode()) & 0x7FFFFFFF
-
-
 def _rank(trainer: Any) -> int:
     return trainer.accelerator.process_index
 
@@ -646,7 +640,7 @@ def _epoch_seeded(sampler_class: type) -> type:
 
         def __iter__(self):
             if self.shuffle:
-                self.generator.manual_seed(hash_seed(self.seed or 0, self.epoch, 0))
+                self.generator.manual_seed(derived_seed(self.seed or 0, self.epoch, 0))
             yield from super().__iter__()
 
     return EpochSeededRepeatSampler

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 from seal_rl.errors import SealError
 from seal_rl.generators.lockstep import Lockstep
-from seal_rl.rollout import Generation, Request
+from seal_rl.rollout import Generation, Request, derived_seed
 from seal_rl.trajectory import ChatTokens
 
 
@@ -42,7 +41,7 @@ class VLLMGenerator:
         self.lockstep = Lockstep(engine.tp_group) if engine.tensor_parallel_size > 1 else None
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
-        mine = [(list(r.prompt_ids), r.max_new_tokens, _request_seed(seed, r.episode)) for r in requests]
+        mine = [(list(r.prompt_ids), r.max_new_tokens, derived_seed(seed, r.episode)) for r in requests]
         if self.lockstep is None:
             return self._run(mine)
         gathered = self.lockstep.exchange(mine)
@@ -74,10 +73,6 @@ class VLLMGenerator:
             sampled = [lp[0] for lp in logprobs[k][: len(ids)]] if logprobs is not None else None
             out.append(Generation(self.chat.decode(ids), ids, sampled))
         return out
-
-
-def _request_seed(seed: int, episode: int) -> int:
-    return zlib.crc32(f"{seed}:{episode}".encode()) & 0x7FFFFFFF
 
 
 class VLLMEngineGenerator:
