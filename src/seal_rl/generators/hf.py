@@ -41,9 +41,7 @@ class HFGenerator:
         import torch
 
         batches = [requests[start : start + self.max_batch] for start in range(0, len(requests), self.max_batch)]
-        calls = len(batches)
-        if self.lockstep is not None:
-            calls = max(n for n in self.lockstep.exchange(len(batches)) if n is not None)
+        calls = len(batches) if self.lockstep is None else _most(self.lockstep.exchange(len(batches)))
         out: list[Generation | None] = []
         for call in range(calls):
             if call < len(batches):
@@ -56,7 +54,11 @@ class HFGenerator:
     def close(self) -> None:
         """Keep the group's collective forward passes matched until every rank is done (lockstep only)."""
         if self.lockstep is not None:
-            self.lockstep.drain(lambda counts: [self._idle_call() for _ in range(max(n for n in counts if n is not None))])
+            self.lockstep.drain(self._idle_calls)
+
+    def _idle_calls(self, counts: list[int | None]) -> None:
+        for _ in range(_most(counts)):
+            self._idle_call()
 
     def _idle_call(self) -> None:
         """A one-token ``generate`` that takes part in the group's collectives and is thrown away."""
@@ -102,3 +104,8 @@ class HFGenerator:
                 ids = ids[: next(k for k, i in enumerate(ids) if i in self.chat.eos_ids) + 1]
             generations.append(Generation(self.chat.decode(ids), ids))
         return generations
+
+
+def _most(counts: list[int | None]) -> int:
+    """The most ``generate`` calls any rank of the group needs this tick (finished ranks send None)."""
+    return max(n for n in counts if n is not None)

@@ -48,11 +48,9 @@ class Lockstep:
 def trainer_lockstep(trainer: Any) -> Lockstep | None:
     """The lockstep group for generating with the trainer's own model: all ranks when the weights
     are sharded (FSDP, ZeRO-3) over more than one process, else ``None`` (calls are local)."""
-    accelerator = trainer.accelerator
-    if accelerator.num_processes == 1:
+    from trl.distributed import DistributedBackend
+
+    if trainer.accelerator.num_processes == 1:
         return None
-    state = accelerator.state
-    sharded = getattr(state, "fsdp_plugin", None) is not None or (
-        state.deepspeed_plugin is not None and state.deepspeed_plugin.zero_stage == 3
-    )
-    return Lockstep() if sharded else None
+    backend = DistributedBackend(trainer.accelerator)  # read now: the accelerator's state may change after init
+    return Lockstep() if backend.is_fsdp or backend.is_zero3 else None
