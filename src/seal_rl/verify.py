@@ -47,6 +47,11 @@ class StateDifference:
     model: str
     ground_truth: str
 
+    @property
+    def key(self) -> str:
+        """``Class.attribute``."""
+        return f"{self.class_name}.{self.attribute}"
+
 
 @dataclass(frozen=True)
 class TurnCheck:
@@ -218,12 +223,9 @@ def _differs(model_value: Any, truth_value: Any) -> bool:
         return True
 
 
-def _missing_from(outputs: Sequence[str], expected: Sequence[str]) -> tuple[str, ...]:
-    """Items of ``expected`` not found in ``outputs``, counting duplicates (official response_checker)."""
-    return tuple(expected[i] for i in _missing_indices(outputs, expected))
-
-
 def _missing_indices(outputs: Sequence[str], expected: Sequence[str]) -> list[int]:
+    """Indices of the items of ``expected`` not found in ``outputs``, counting duplicates (the
+    official response_checker)."""
     pool = list(outputs)
     missing = []
     for index, item in enumerate(expected):
@@ -234,18 +236,18 @@ def _missing_indices(outputs: Sequence[str], expected: Sequence[str]) -> list[in
     return missing
 
 
-def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str]) -> tuple[set[str], list[str]]:
+def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str],
+                 truth: Backends, truth_outputs: Sequence[str]) -> tuple[set[str], list[str]]:  # fmt: skip
     """What this turn's own calls get wrong: the model's accepted calls of ``turn`` replayed on a
-    ground-truth replay of the turns before it, compared with the ground truth after it. Returns
-    the differing attributes (``Class.attribute``) and the ground-truth calls whose outputs are missing."""
-    before, after = Backends(task, world), Backends(task, world)
+    ground-truth replay of the turns before it, compared with the ground truth after it (``truth``,
+    ``truth_outputs``). Returns the differing attributes (``Class.attribute``) and the ground-truth
+    calls whose outputs are missing."""
+    before = Backends(task, world)
     for calls in expected_calls[:turn]:
         for call in calls:
             before.execute(call)
-            after.execute(call)
-    truth_outputs = [after.execute(call).output for call in expected_calls[turn]]
     own_outputs = [before.execute(call).output for step in steps for call in step]
-    differences = {f"{d.class_name}.{d.attribute}" for d in _state_differences(before, after)}
+    differences = {d.key for d in _state_differences(before, truth)}
     missing = _missing_indices([*earlier_outputs, *own_outputs], truth_outputs)
     return differences, [expected_calls[turn][i].name for i in missing]
 
@@ -292,7 +294,8 @@ def verify(
         if model is None:  # compared for diagnosis only; the turn already fails for lack of calls
             model = Backends(task, world)
         differences = _state_differences(model, truth)
-        missing_at = _missing_indices(model_outputs, [o.output for o in truth_outcomes])
+        truth_outputs = [o.output for o in truth_outcomes]
+        missing_at = _missing_indices(model_outputs, truth_outputs)
         names = {call.name for step in steps for call in step} | {call.name for call in expected}
         check = TurnCheck(
             turn,
@@ -310,8 +313,8 @@ def verify(
             tool_classes=tuple(sorted((name, model.owner(name)) for name in names if model.owner(name) is not None)),
         )
         if check.failure is not None and check.has_calls and any(c.scorable and c.failure for c in checks):
-            own, own_missing = _own_outcome(task, world, expected_calls, turn, steps, earlier_outputs)
-            carried = tuple(f"{d.class_name}.{d.attribute}" for d in differences if f"{d.class_name}.{d.attribute}" not in own)
+            own, own_missing = _own_outcome(task, world, expected_calls, turn, steps, earlier_outputs, truth, truth_outputs)
+            carried = tuple(d.key for d in differences if d.key not in own)
             carried_calls = tuple(name for name in check.missing_calls if name not in own_missing)
             check = replace(check, inherited=not own and not own_missing, carried_over=carried, carried_over_calls=carried_calls)
         checks.append(check)
