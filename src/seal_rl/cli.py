@@ -312,10 +312,7 @@ def diagnose_command(
     total = sum(s.turns for s in stats.values())
     labels = [name for name in LABELS if name in stats]
     out.print(f"Failure profile of {run_dir}", markup=False, highlight=False, soft_wrap=True)
-    inherited: dict[str, int] = {}
-    for counts in profile.rounds:
-        for label, n in counts.inherited.items():
-            inherited[label] = inherited.get(label, 0) + n
+    inherited = profile.merged("inherited")
     overall = Table(Column("label", no_wrap=True, min_width=max(map(len, labels), default=5)), "turns", "share", "rate*",
                     "episodes", "mean reward", "inherited**",
                     title=f"{profile.episodes} episodes, {total} turns")  # fmt: skip
