@@ -569,12 +569,6 @@ def estimate(
     )  # fmt: skip
 
 
-def plan_for_training(recipe: SealRecipe, gpus: int, gpu_memory_gb: float, strategy: str = "zero3",
-                      num_tasks: int | None = None) -> Plan:  # fmt: skip
-    """The plan ``seal train`` can check before it starts (default assumptions)."""
-    return estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory_gb, strategy=strategy, num_tasks=num_tasks)
-
-
 def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: int, strategy: str) -> list[MemoryLine]:
     """The training side's memory lines for one GPU at its peak (the start of the backward pass)."""
     g = recipe.grpo
@@ -781,7 +775,7 @@ def print_for_training(recipe: SealRecipe, gpus: int, gpu_memory_gib: float, str
     """``seal plan`` for a run about to start on the GPUs it has (``seal train`` prints it before
     loading anything). A run the estimate says cannot fit goes on, with a warning: it is an estimate."""
     try:
-        plan = plan_for_training(recipe, gpus, gpu_memory_gib, strategy)
+        plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory_gib, strategy=strategy)
     except SealError as exc:
         print(f"seal plan: no estimate ({exc})", flush=True)
         return
