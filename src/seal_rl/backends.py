@@ -46,6 +46,7 @@ from typing import Any
 import mpmath
 
 from seal_rl.bfcl import BACKEND_PACKAGE, import_bfcl
+from seal_rl.protocol import non_finite
 from seal_rl.tasks import Task
 from seal_rl.tools import ToolCall
 
@@ -250,6 +251,10 @@ class Backends:
         owner = self._owner.get(call.name)
         if owner is None:  # what eval() of an unknown name would have said
             message = f"name '{call.name}' is not defined"
+            return CallOutcome(EXECUTION_ERROR_PREFIX + message, message, raised=True)
+        infinite = non_finite(call.arguments)
+        if infinite is not None:  # the official executor eval()s repr(argument): `nan` is undefined
+            message = f"name '{infinite!r}' is not defined"
             return CallOutcome(EXECUTION_ERROR_PREFIX + message, message, raised=True)
         refusal = resource_guard(owner, call.name, call.arguments)
         if refusal is not None:

@@ -1,7 +1,8 @@
 """The executable BFCL multi-turn episode, in the spirit of Gymnasium's ``Env``.
 
 One :class:`BfclEnv` plays one episode at a time: ``reset(task)`` opens it, ``step(text)`` feeds
-one raw assistant message and returns what the agent sees next. The protocol is the SEAL
+one raw assistant message and returns what the agent sees next. Two protocols
+(:mod:`seal_rl.protocol`): ``bfcl``, the official ``bfcl generate`` loop, and ``seal``, the SEAL
 reference's (SEAL_METHOD.md §5); see the :class:`BfclEnv` docstring.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from seal_rl.backends import Backends
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
+from seal_rl.protocol import Decoded, check_protocol, decode
 from seal_rl.tasks import Task
 from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format
 from seal_rl.verify import Verdict, verify
@@ -25,17 +27,27 @@ ERROR_KINDS: tuple[str, ...] = ("parse", "unknown_tool", "schema", "execution")
 class EnvConfig:
     """How an episode is played."""
 
+    protocol: str = "seal"
+    """``seal`` (the SEAL reference's loop; training) or ``bfcl`` (the official ``bfcl generate``
+    loop; what ``seal eval`` uses by default) — see :mod:`seal_rl.protocol`"""
     call_format: str = "hermes"
     """how the agent writes tool calls: ``hermes`` | ``pythonic`` | ``json`` (see seal_rl.tools)"""
     prompt_mode: str = "bfcl_qwen_fc"
     """``bfcl_qwen_fc`` (tools in a Qwen-style system block) or ``chat_template`` (see seal_rl.interface)"""
     max_model_calls: int = 20
-    """model messages per episode; the episode is truncated when they run out (reference: 20)"""
+    """``seal`` protocol: model messages per episode; the episode is truncated when they run out
+    (reference: 20)"""
+    max_steps_per_turn: int = 20
+    """``bfcl`` protocol: executing steps per user turn; the episode is force-terminated once a
+    turn exceeds it (BFCL's ``MAXIMUM_STEP_LIMIT``)"""
     max_message_chars: int = 100_000
     """longer assistant messages are rejected unparsed (a 4096-token response is ~16k chars)"""
 
     def __post_init__(self) -> None:
-        Interface(self.prompt_mode, call_format=self.call_format)
+        check_protocol(self.protocol)
+        Interface(self.prompt_mode, call_format=self.call_format, protocol=self.protocol)
+        if self.protocol == "bfcl" and self.call_format == "json":
+            raise SealError("The bfcl protocol decodes the hermes and pythonic call formats; use one of them.")
         if self.prompt_mode == "bfcl_qwen_fc" and self.call_format != "hermes":
             raise SealError(
                 f"Prompt mode 'bfcl_qwen_fc' asks for <tool_call> blocks (the hermes format), but "
@@ -43,6 +55,8 @@ class EnvConfig:
             )
         if self.max_model_calls < 1:
             raise SealError(f"max_model_calls must be at least 1, got {self.max_model_calls}.")
+        if self.max_steps_per_turn < 1:
+            raise SealError(f"max_steps_per_turn must be at least 1, got {self.max_steps_per_turn}.")
         if self.max_message_chars < 1:
             raise SealError(f"max_message_chars must be at least 1, got {self.max_message_chars}.")
 
@@ -96,10 +110,11 @@ class BfclEnv:
 
     ## Observation Space
     A list of new chat messages (``{"role", "content"}`` dicts): after ``reset``, the opening
-    messages; after an accepted message, the tool results; after a rejected message, an
-    ``[ERROR] Invalid tool call format: ...`` message; after a message without calls, the next
+    messages; after a message with calls, the tool results; after a message without calls, the next
     question (or, on a miss_func reveal turn, the new functions); ``[]`` once the task is over.
-    ``env.messages`` holds the whole conversation.
+    Under the ``seal`` protocol a message that cannot be read gets an ``[ERROR] Invalid tool call
+    format: ...`` message; under ``bfcl`` it ends the turn like a text answer. ``env.messages``
+    holds the whole conversation.
 
     ## Rewards
     0.0 until the episode ends, then the verifier's binary reward (:func:`seal_rl.verify.verify`).
@@ -109,12 +124,16 @@ class BfclEnv:
 
     ## Episode End
     ``terminated`` when the agent ends the last turn (replies without calls); ``truncated`` when
-    ``max_model_calls`` messages were used first, or when the driver calls :meth:`truncate`
-    (e.g. its context budget ran out).
+    the step budget ran out first (``seal``: ``max_model_calls`` messages per episode; ``bfcl``:
+    more than ``max_steps_per_turn`` executing steps in one turn), or when the driver calls
+    :meth:`truncate` (e.g. its context budget ran out).
 
-    A message that cannot be parsed, or that names a tool not available now, is rejected whole:
-    nothing executes and it still costs a model call. Otherwise every call executes on its own,
-    in order; a bad argument gives that call an error result and the others still run.
+    ``seal`` protocol: a message that cannot be parsed, or that names a tool not available now, is
+    rejected whole: nothing executes and it still costs a model call. ``bfcl`` protocol: the
+    message is decoded as the official handler does (:func:`seal_rl.protocol.decode`) and every
+    decoded call is executed by name, as the official executor does, held-out tools included. In
+    both, every call executes on its own, in order; a bad argument gives that call an error result
+    and the others still run.
 
     ## Arguments
     ``config`` (:class:`EnvConfig`), ``interface`` (default: the base interface of
@@ -123,6 +142,7 @@ class BfclEnv:
 
     ## Version History
     * v0: protocol of the SEAL reference, BFCL ``2026.3.23`` backends and checker.
+    * v1: the ``bfcl`` protocol (``EnvConfig.protocol``); ``seal`` unchanged.
     """
 
     def __init__(
@@ -135,13 +155,15 @@ class BfclEnv:
         self.config = config if config is not None else EnvConfig()
         self._catalog = catalog if catalog is not None else ToolCatalog()
         self.interface = interface if interface is not None else Interface(
-            self.config.prompt_mode, call_format=self.config.call_format, catalog=self._catalog
-        )
-        if (self.interface.prompt_mode, self.interface.call_format) != (self.config.prompt_mode, self.config.call_format):
+            self.config.prompt_mode, call_format=self.config.call_format, catalog=self._catalog,
+            protocol=self.config.protocol,
+        )  # fmt: skip
+        shown = (self.interface.prompt_mode, self.interface.call_format, self.interface.protocol)
+        if shown != (self.config.prompt_mode, self.config.call_format, self.config.protocol):
             raise SealError(
-                f"The interface renders prompt mode {self.interface.prompt_mode!r} with format "
-                f"{self.interface.call_format!r} but the environment uses {self.config.prompt_mode!r} with "
-                f"{self.config.call_format!r}; build both from the same settings."
+                f"The interface renders prompt mode {shown[0]!r} with format {shown[1]!r} under the "
+                f"{shown[2]!r} protocol but the environment uses {self.config.prompt_mode!r} with "
+                f"{self.config.call_format!r} under {self.config.protocol!r}; build both from the same settings."
             )
         self.format = get_format(self.config.call_format)
         self.task: Task | None = None
@@ -164,6 +186,7 @@ class BfclEnv:
         self.steps: list[dict[str, Any]] = []
         self.turn = 0
         self.model_calls = 0
+        self.turn_steps = 0
         self.verdict: Verdict | None = None
         self.end_reason: str | None = None
         self._backends = Backends(task)
@@ -192,57 +215,98 @@ class BfclEnv:
     def done(self) -> bool:
         return self.end_reason is not None
 
-    def step(self, action: str | bytes) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action: str | bytes, *, end_turn: bool | None = None
+    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Feed one assistant message.
+
+        ``end_turn`` (``bfcl`` protocol only) replays a recorded turn boundary, as
+        ``seal eval --policy bfcl-result:`` does: True ends the user turn after this message
+        (after executing its calls), False keeps the turn open even if the message ends it under
+        the protocol; either way the step limit is the recording's, not re-applied. None (the
+        default) lets the protocol decide.
 
         Returns:
             observation (list[dict]): the new messages the agent sees, e.g. one
                 ``<tool_response>`` user message; ``[]`` once the task is over.
             reward (float): 0.0 until the episode ends, then the verifier's score (0.0 or 1.0).
             terminated (bool): the agent ended the last turn.
-            truncated (bool): the model-call budget ran out first.
+            truncated (bool): the step budget ran out first.
             info (dict): ``turn``, ``step``, ``event`` (``tool_results`` | ``rejected`` |
-                ``next_turn`` | ``end``), ``tools`` when the available tools changed, and at the end
-                ``verdict`` (:class:`~seal_rl.verify.Verdict`) and ``end_reason``.
+                ``next_turn`` | ``skipped`` | ``end``), ``tools`` when the available tools changed,
+                and at the end ``verdict`` (:class:`~seal_rl.verify.Verdict`) and ``end_reason``.
         """
         if self.task is None or self.done:
             raise RuntimeError("step() called outside an episode; call env.reset(task) first.")
+        if end_turn is not None and self.config.protocol != "bfcl":
+            raise ValueError("end_turn replays recorded turn boundaries; it needs the bfcl protocol.")
         text = _clean_text(action)
         step = self.model_calls
         self.model_calls += 1
         self.messages.append({"role": "assistant", "content": text})
         info: dict[str, Any] = {"turn": self.turn, "step": step}
 
-        if len(text) > self.config.max_message_chars:
-            parsed = ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
+        if self.config.protocol == "bfcl":
+            observation, info["event"], ending = self._bfcl_step(text, step, info, end_turn)
         else:
-            parsed = self.format.parse(text)
-        unavailable = [c.name for c in parsed.calls if c.name not in self._schemas]
-
-        if parsed.error is not None:
-            self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=parsed.error))
-            rejection = Rejection(f"{parsed.error}. Nothing was executed.")
-            observation = self.interface.rejection(rejection, list(self._docs.values()))
-            info["event"] = "rejected"
-        elif unavailable:
-            observation = self._reject_unavailable(step, parsed.calls, unavailable)
-            info["event"] = "rejected"
-        elif parsed.calls:
-            observation = self._execute(step, parsed.calls)
-            info["event"] = "tool_results"
-        else:
-            observation, info["event"] = self._end_turn(info)
-
+            observation, info["event"], ending = self._seal_step(text, step, info)
         self.steps.append({"turn": info["turn"], "event": info["event"]})
         self.messages.extend(observation)
-        if not self.done and self.model_calls >= self.config.max_model_calls:
-            self._finish("max_model_calls")
+        if ending is not None and not self.done:
+            self._finish(ending)
         reward = 0.0
         if self.done:
             info.update(event="end", verdict=self.verdict, end_reason=self.end_reason)
             reward = self.verdict.reward
         terminated = self.end_reason == "completed"
         return observation, reward, terminated, self.done and not terminated, info
+
+    def _seal_step(self, text: str, step: int, info: dict[str, Any]) -> tuple[list[Message], str, str | None]:
+        """The SEAL reference's step: unreadable messages and unavailable tools are rejected with an
+        error observation; 20 model calls per episode."""
+        if len(text) > self.config.max_message_chars:
+            parsed = ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
+        else:
+            parsed = self.format.parse(text)
+        unavailable = [c.name for c in parsed.calls if c.name not in self._schemas]
+        if parsed.error is not None:
+            self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=parsed.error))
+            rejection = Rejection(f"{parsed.error}. Nothing was executed.")
+            observation, event = self.interface.rejection(rejection, list(self._docs.values())), "rejected"
+        elif unavailable:
+            observation, event = self._reject_unavailable(step, parsed.calls, unavailable), "rejected"
+        elif parsed.calls:
+            observation, event = self._execute(step, parsed.calls), "tool_results"
+        else:
+            observation, event = self._end_turn(info)
+        out_of_calls = not self.done and self.model_calls >= self.config.max_model_calls
+        return observation, event, "max_model_calls" if out_of_calls else None
+
+    def _bfcl_step(
+        self, text: str, step: int, info: dict[str, Any], end_turn: bool | None
+    ) -> tuple[list[Message], str, str | None]:
+        """The official loop's step (``inference_multi_turn_prompting``): decode; no call or an
+        error ends the turn silently; calls execute by name; more than ``max_steps_per_turn``
+        executing steps in a turn force-terminate the episode."""
+        if len(text) > self.config.max_message_chars:
+            decoded = Decoded(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
+        else:
+            decoded = decode(text, self.config.call_format)
+        if decoded.error is not None:
+            self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=decoded.error))
+        if decoded.calls:
+            observation = self._execute(step, decoded.calls)
+            self.turn_steps += 1
+            if end_turn:
+                following, event = self._end_turn(info)
+                return observation + following, event, None
+            if end_turn is None and self.turn_steps > self.config.max_steps_per_turn:
+                return observation, "tool_results", "max_steps_per_turn"
+            return observation, "tool_results", None
+        if end_turn is False:
+            return [], "skipped", None
+        observation, event = self._end_turn(info)
+        return observation, event, None
 
     def truncate(self, reason: str) -> tuple[float, dict[str, Any]]:
         """End the episode now (the driver's budget ran out, the policy has nothing more to say).
@@ -262,6 +326,7 @@ class BfclEnv:
     # -- internals ---------------------------------------------------------------------------
 
     def _open_turn(self, turn: int) -> list[Message]:
+        self.turn_steps = 0
         revealed = self.task.held_out.get(turn, ())
         if revealed:
             self._docs.update((doc["name"], doc) for doc in revealed)
@@ -298,7 +363,8 @@ class BfclEnv:
     def _execute(self, step: int, calls: Sequence[ToolCall]) -> list[Message]:
         results = []
         for call in calls:
-            violations = self._schemas[call.name].validate(call)
+            schema = self._schemas.get(call.name)  # bfcl protocol: any public method runs
+            violations = schema.validate(call) if schema is not None else ()
             outcome = self._backends.execute(call)
             if violations:
                 kind, error = "schema", "; ".join(v.message for v in violations)

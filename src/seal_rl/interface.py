@@ -48,6 +48,7 @@ from typing import Any
 
 from seal_rl.errors import SealError
 from seal_rl.profile import CapabilityProfile
+from seal_rl.protocol import ADDITIONAL_FUNCTIONS_FC, check_protocol, reveal_text
 from seal_rl.tools import FORMATS, SchemaViolation, ToolCatalog, enum_values
 
 Message = dict[str, Any]
@@ -55,8 +56,7 @@ Message = dict[str, Any]
 PROMPT_MODES: tuple[str, ...] = ("bfcl_qwen_fc", "chat_template")
 PRESETS: tuple[str, ...] = ("vanilla", "paper", "seal")
 
-# bfcl_eval.constants.default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-ADDITIONAL_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+ADDITIONAL_FUNCTIONS_PROMPT = ADDITIONAL_FUNCTIONS_FC
 
 _QWEN_TOOLS_HEAD = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -313,13 +313,16 @@ class Interface:
         call_format: str = "hermes",
         training: bool = True,
         catalog: ToolCatalog | None = None,
+        protocol: str = "seal",
     ) -> None:
+        check_protocol(protocol)
         if prompt_mode not in PROMPT_MODES:
             raise SealError(f"Unknown prompt mode {prompt_mode!r}; expected one of {', '.join(PROMPT_MODES)}.")
         if call_format not in FORMATS:
             raise SealError(f"Unknown tool-call format {call_format!r}; expected one of {', '.join(FORMATS)}.")
         self.prompt_mode = prompt_mode
         self.call_format = call_format
+        self.protocol = protocol
         self.training = training
         self.state = state if state is not None else InterfaceState()
         self._active = self.state if training else InterfaceState()
@@ -408,12 +411,16 @@ class Interface:
 
         ``available``: every tool available from now on, the revealed ones included. When φ_cap
         lists the tools (``tool_list``), the list is restated after the reveal so that it stays
-        current; the one in the system prompt was fixed when the episode opened."""
-        if self.prompt_mode == "chat_template":
-            listing = "\n".join(json.dumps(spec) for spec in self.tool_specs(docs))
+        current; the one in the system prompt was fixed when the episode opened.
+
+        Under the ``bfcl`` protocol the message is BFCL's own (:func:`seal_rl.protocol.reveal_text`):
+        the ``repr`` of the docs, or in ``chat_template`` mode the sentence alone."""
+        if self.protocol == "bfcl":
+            content = reveal_text([self.annotate(doc) for doc in docs], self.prompt_mode)
+        elif self.prompt_mode == "chat_template":
+            content = "\n".join(json.dumps(spec) for spec in self.tool_specs(docs)) + f"\n{ADDITIONAL_FUNCTIONS_PROMPT}"
         else:
-            listing = "\n".join(json.dumps(self.annotate(doc)) for doc in docs)
-        content = f"{listing}\n{ADDITIONAL_FUNCTIONS_PROMPT}"
+            content = "\n".join(json.dumps(self.annotate(doc)) for doc in docs) + f"\n{ADDITIONAL_FUNCTIONS_PROMPT}"
         if self._active.tool_list and available:
             content += "\n\n" + tool_list_note(available)
         return [{"role": "user", "content": content}]
