@@ -13,6 +13,7 @@ from rich.table import Column, Table
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
+from seal_rl.bfcl_results import BfclResultPolicy
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
@@ -98,14 +99,16 @@ def tasks_show(
 
 @app.command("eval")
 def eval_command(
-    policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
     split: Annotated[str | None, typer.Option(help="train, test or all [default: test].")] = None,
     category: CategoryOption = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
     call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}.")] = "hermes",
     prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}.")] = "bfcl_qwen_fc",
-    max_model_calls: Annotated[int, typer.Option(help="Model messages per episode before truncation.")] = 20,
+    protocol: Annotated[str, typer.Option(help="bfcl: the official `bfcl generate` loop (leaderboard numbers); seal: the released SEAL code's loop (as the paper trained). See docs/environment.md.")] = "bfcl",
+    max_model_calls: Annotated[int, typer.Option(help="seal protocol: model messages per episode before truncation.")] = 20,
+    max_steps_per_turn: Annotated[int, typer.Option(help="bfcl protocol: executing steps per user turn before force-termination.")] = 20,
     samples: Annotated[int, typer.Option(help="Play every task K times (pass@k, variance); use --temperature > 0.")] = 1,
     overwrite: Annotated[bool, typer.Option(help="Start over in --out instead of resuming.")] = False,
     temperature: Annotated[float, typer.Option(help="Model policies: sampling temperature (0 = greedy).")] = 0.0,
@@ -118,9 +121,15 @@ def eval_command(
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
     requests_per_minute: Annotated[float, typer.Option(help="openai: rate limit (0 = none).")] = 0.0,
 ) -> None:
-    """Evaluate a policy on BFCL multi-turn under the strict protocol."""
+    """Evaluate a policy on BFCL multi-turn (by default under the official bfcl protocol; see --protocol)."""
     chosen = parse_policy(policy)
-    env_config = EnvConfig(call_format=call_format, prompt_mode=prompt_mode, max_model_calls=max_model_calls)
+    if isinstance(chosen, BfclResultPolicy):  # the files decide how their steps are decoded
+        if protocol != "bfcl":
+            raise SealError("bfcl-result files are replayed under the bfcl protocol, the one that wrote them; drop --protocol.")
+        call_format = chosen.call_format()
+        prompt_mode = "bfcl_qwen_fc" if call_format == "hermes" else "chat_template"
+    env_config = EnvConfig(protocol=protocol, call_format=call_format, prompt_mode=prompt_mode,
+                           max_model_calls=max_model_calls, max_steps_per_turn=max_steps_per_turn)  # fmt: skip
     task_set = TaskSet.load()
     if chosen.selects_tasks:
         ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
@@ -128,10 +137,12 @@ def eval_command(
         if not selected:
             raise SealError("No task matches that selection; see `seal tasks list`.")
     elif split or category or tasks:
-        raise SealError("--split, --category and --tasks select tasks for the oracle; a replay file names its own tasks.")
+        raise SealError("--split, --category and --tasks select tasks for the oracle and models; replay and bfcl-result files name their own tasks.")
     else:
         selected = []
     episodes = with_samples(chosen.episodes(selected, task_set, call_format), samples)
+    for task_id in getattr(chosen, "unknown", ()):
+        err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
     settings = ModelSettings(
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
         timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
@@ -163,11 +174,35 @@ def eval_command(
 
         try:
             summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
-                               on_episode=advance, on_resume=resumed)  # fmt: skip
+                               on_episode=advance, on_resume=resumed,
+                               split=(split or "test") if chosen.selects_tasks and not tasks else None)  # fmt: skip
         except SealError:
             progress.update(bar, visible=False)  # the error is the one line the user sees
             raise
     _print_summary(summary, out_dir)
+
+
+@app.command("export-bfcl")
+def export_bfcl_command(
+    run_dir: Annotated[Path, typer.Argument(help="A `seal eval` run directory.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Result directory to write (give it to `bfcl evaluate --result-dir`).")],
+    model: Annotated[str | None, typer.Option(help="BFCL model name whose handler decodes the run's call format [default: Qwen/Qwen3-8B-FC for hermes, Qwen/Qwen3-8B for pythonic].")] = None,
+) -> None:
+    """Write an evaluation run as BFCL result files, so that the official `bfcl evaluate` scores it."""
+    import json
+
+    from seal_rl.bfcl_results import export_run
+
+    records = read_results(run_dir)
+    try:
+        call_format = json.loads((run_dir / "config.json").read_text())["env"]["call_format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SealError(f"{run_dir}/config.json is missing or not a `seal eval` config; export needs the run's call format.") from None
+    written = export_run(records, out_dir, call_format=call_format, model_name=model)
+    for path in written:
+        out.print(f"wrote {path}")
+    out.print("score them with: bfcl evaluate --model <the folder name with _ as /> --test-category multi_turn "
+              f"--result-dir {out_dir} --partial-eval   (see docs/ood.md)")
 
 
 @app.command("report")
@@ -345,7 +380,11 @@ def _print_label_matrix(title: str, labels: list[str], columns: dict[str, dict[s
 
 
 def _print_summary(summary: dict, out_dir: Path) -> None:
-    table = Table("category", "episodes", "success", "rate", "95% CI", title=f"BFCL multi-turn — {summary['policy']}")
+    scope = f"{summary.get('protocol', 'seal')} protocol, {summary.get('tasks', '?')} tasks"
+    if summary.get("split"):
+        scope += f" of the {summary['split']} split"
+    table = Table("category", "episodes", "success", "rate", "95% CI",
+                  title=f"BFCL multi-turn — {summary['policy']}", caption=scope)  # fmt: skip
     for name, row in summary["categories"].items():
         low, high = row["ci95"]
         errors = f" (+{row['errors']} errors)" if row.get("errors") else ""

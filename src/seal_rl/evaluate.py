@@ -15,7 +15,10 @@ A run directory holds:
   the same command into the same directory resumes it (episodes that ended in a generation error
   are played again); a different run there is refused.
 
-Evaluation uses the base interface: what the agent sees is the original protocol.
+Evaluation uses the base interface. ``seal eval`` plays the ``bfcl`` protocol by default (the
+official ``bfcl generate`` loop, so numbers line up with the leaderboard); ``--protocol seal``
+plays the released SEAL code's (see :mod:`seal_rl.protocol`). ``summary.json`` states the
+protocol, the split and the number of tasks behind every number.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
+from seal_rl.bfcl_results import BfclResultPolicy
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
@@ -41,6 +45,8 @@ from seal_rl.tasks import CATEGORIES
 from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
 
+SCRIPTED = (OraclePolicy, ReplayPolicy, BfclResultPolicy)
+"""Policies whose messages are scripted (no model settings, no token budgets)."""
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
@@ -134,7 +140,7 @@ class ModelSettings:
 
 def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfig, episodes: Sequence[Episode]):
     """The generator that plays ``policy``, its chat tokenizer (token-level policies) and budgets."""
-    if isinstance(policy, (OraclePolicy, ReplayPolicy)):
+    if isinstance(policy, SCRIPTED):
         return ScriptedGenerator({e.index: e.agent for e in episodes}), None, Budgets()
     budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
                       max_new_tokens=settings.max_new_tokens)  # fmt: skip
@@ -228,6 +234,7 @@ def evaluate(
     overwrite: bool = False,
     on_episode: Callable[[dict[str, Any]], None] | None = None,
     on_resume: Callable[[list[dict[str, Any]]], None] | None = None,
+    split: str | None = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
 
@@ -235,6 +242,8 @@ def evaluate(
     kept and only the others are played, including those that ended in a generation error
     (``on_resume`` receives the records kept). ``policy`` is a :class:`Policy` or its spec
     (``"oracle:faults=0.3"``); ``generator`` overrides the policy's own (benchmarks, tests).
+    ``split`` names the task selection in ``summary.json`` (None: tasks named one by one or by the
+    policy); the summary also states the protocol and the number of tasks.
     """
     if isinstance(policy, str) and generator is None:
         policy = parse_policy(policy)
@@ -243,7 +252,8 @@ def evaluate(
         "policy": name,
         "env": asdict(env_config),
         "episodes": [[e.task.id, e.extra.get("sample", 0)] for e in episodes],
-        "model_settings": None if isinstance(policy, (str, OraclePolicy, ReplayPolicy)) else asdict(settings),
+        "model_settings": None if isinstance(policy, (str, *SCRIPTED)) else asdict(settings),
+        "split": split,
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
     done = _resumable(Path(out), config, overwrite)
@@ -291,7 +301,13 @@ def evaluate(
     kept = _read_complete_lines(Path(out) / RESULTS_FILE) if done else None
     if kept is not None and [r["index"] for r in kept] != sorted(r["index"] for r in kept):
         _rewrite(Path(out) / RESULTS_FILE, sorted(kept, key=lambda r: r["index"]))  # retried episodes back in place
-    summary = {"policy": name, **summarize(records)}
+    summary = {
+        "policy": name,
+        "protocol": env_config.protocol,
+        "split": split,
+        "tasks": len({e.task.id for e in episodes}),
+        **summarize(records),
+    }
     (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

@@ -7,6 +7,9 @@ answers observations with assistant messages. Specs on the command line:
   ``{"task_id": "multi_turn_base_0", "assistant": ["<raw message>", ...], ...}``. Messages are
   consumed in order; running out of messages ends the episode. Other keys are kept in the
   result line under ``input``.
+* ``bfcl-result:PATH[#fc|#hermes|#pythonic]`` — result files written by ``bfcl generate`` (a file
+  or a directory of ``BFCL_v3/v4_multi_turn_*_result.json``), replayed under the ``bfcl`` protocol
+  with their recorded turn boundaries (:mod:`seal_rl.bfcl_results`).
 * ``oracle`` — plays the ground truth (one message with a turn's calls, then one that ends it).
 * ``oracle:faults=P,seed=S`` — the oracle with typed faults (:mod:`seal_rl.faults`) injected into
   each turn with probability P; ``kinds=A+B`` draws only those fault types and ``turn=N`` faults
@@ -40,6 +43,7 @@ class Agent(Protocol):
     """
 
     def act(self, observation: list[Message], info: dict[str, Any]) -> str | None: ...
+    # A recording may answer with a seal_rl.rollout.Generation (a turn boundary, an inference error).
 
 
 @dataclass
@@ -248,6 +252,10 @@ def parse_policy(spec: str) -> Policy:
         if not rest or not (path / "config.json").exists():
             raise SealError(f"hf: needs a local model directory with a config.json, got {rest!r}.")
         return ModelPolicy(path)
+    if kind == "bfcl-result":
+        from seal_rl.bfcl_results import parse_spec
+
+        return parse_spec(rest)
     if kind == "replay":
         if not rest:
             raise SealError("replay needs a file: --policy replay:PATH/TO/transcripts.jsonl")
@@ -270,7 +278,7 @@ def parse_policy(spec: str) -> Policy:
             raise SealError(f"Unknown fault kind(s) {', '.join(unknown)} in {spec!r}; expected some of {', '.join(FAULT_TYPES)}.")
         return OraclePolicy(faults, seed, kinds, turn)
     raise SealError(
-        f"Unknown policy {spec!r}. Expected oracle, oracle:faults=P,seed=S, replay:FILE, hf:MODEL_DIR, "
+        f"Unknown policy {spec!r}. Expected oracle, oracle:faults=P,seed=S, replay:FILE, bfcl-result:PATH, hf:MODEL_DIR, "
         "vllm:MODEL_DIR or openai:MODEL@URL."
     )
 

@@ -54,6 +54,8 @@ DECLINED = (
     "arithmetic (BinOp) and lambdas in pythonic arguments, which the official decoder eval()s",
     "calls with keyword arguments nested inside pythonic arguments, which the official executor runs",
     "bytes and complex literals in pythonic arguments, which JSON cannot hold",
+    "pythonic dict arguments whose values are all dicts (the official executor runs them as calls) "
+    "or whose keys do not survive its '{key}' quoting",
 )
 
 _OPEN, _CLOSE = "<tool_call>\n", "\n</tool_call>"
@@ -192,6 +194,23 @@ def _value(node: ast.AST) -> Any:
 _Missing = object()
 
 
+def _official_value(value: Any) -> Any:
+    """What ``parse_nested_value`` + ``eval`` make of a decoded argument: a dict whose values are
+    all dicts is written as a nested call (declined), and dict keys are written as ``'{k}'``."""
+    if not isinstance(value, dict):
+        return value
+    if all(isinstance(v, dict) for v in value.values()):
+        raise _Declined("a dict the official executor would run as a nested call")
+    out = {}
+    for key, item in value.items():
+        try:
+            literal = ast.literal_eval(f"'{key}'")
+        except (SyntaxError, ValueError) as exc:
+            raise _Declined(f"a dict key the official executor cannot write ({exc})") from None
+        out[literal] = _official_value(item)
+    return out
+
+
 def _resolve_call(node: ast.Call) -> ToolCall:
     """``resolve_ast_call``: dotted function name, keyword arguments only."""
     parts, func = [], node.func
@@ -202,7 +221,7 @@ def _resolve_call(node: ast.Call) -> ToolCall:
         parts.append(func.id)
     arguments = {}
     for keyword in node.keywords:
-        arguments[keyword.arg] = _value(keyword.value)  # a ** argument has no name: key None
+        arguments[keyword.arg] = _official_value(_value(keyword.value))  # a ** argument: key None
     return ToolCall(".".join(reversed(parts)), arguments)
 
 

@@ -69,6 +69,8 @@ class Generation:
     token_ids: list[int] | None = None
     logprobs: list[float | None] | None = None
     """the sampled token's log-probability, aligned with ``token_ids`` (vLLM)"""
+    end_turn: bool | None = None
+    """a recorded turn boundary to replay (``bfcl-result:`` files; see ``BfclEnv.step``)"""
     error: str | None = None
     """set when no message could be generated (server down, retries exhausted): the episode ends
     with ``end_reason="generation_error"`` and is excluded from success rates, not failed"""
@@ -279,7 +281,10 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         else:  # a text-only generator: re-encoded tokens have no sampling log-probabilities
             token_ids = chat.encode(generation.text)
             state.trajectory.add_model(token_ids)
-    observation, _, _, _, info = env.step(generation.text)
+    if generation.end_turn is None:
+        observation, _, _, _, info = env.step(generation.text)
+    else:
+        observation, _, _, _, info = env.step(generation.text, end_turn=generation.end_turn)
     state.observation, state.info = observation, info
     if state.trajectory is None:
         return

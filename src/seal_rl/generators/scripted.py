@@ -20,6 +20,6 @@ class ScriptedGenerator:
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         out = []
         for request in requests:
-            text = self.agents[request.episode].act(request.observation, request.info)
-            out.append(None if text is None else Generation(text))
+            said = self.agents[request.episode].act(request.observation, request.info)
+            out.append(Generation(said) if isinstance(said, str) else said)  # recordings may say a Generation
         return out

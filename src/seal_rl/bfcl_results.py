@@ -1,0 +1,292 @@
+"""BFCL result files in and out: score ``bfcl generate`` output with seal, hand a seal run to
+``bfcl evaluate``.
+
+A result file (``BFCL_v3_multi_turn_<category>_result.json`` or ``BFCL_v4_...``, one JSON object a
+line) holds per entry ``{"id": "multi_turn_base_0", "result": [turn, ...], ...}`` where a turn is
+the list of the model's outputs, one per step, as the official loop recorded them:
+
+* FC handlers: a step is a list of ``{name: arguments-json}`` objects; ``[]`` is a text answer.
+* Prompting handlers: a step is the model's text (``<tool_call>`` blocks for the Qwen-style FC
+  handlers, ``[f(a=1)]`` for the others).
+* ``result`` a string: inference failed for that entry (``"Error during inference: ..."``).
+
+:class:`BfclResultPolicy` replays every step through :class:`~seal_rl.env.BfclEnv` under the
+``bfcl`` protocol with the recorded turn boundaries (``env.step(end_turn=...)``), so a turn may end
+on an undecodable step, and the rest of the pipeline (diagnosis, summary, report, compare) applies.
+:func:`export_run` writes a ``seal eval`` run back as result files in the prompting shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seal_rl.errors import SealError
+from seal_rl.policies import Episode
+from seal_rl.rollout import Generation
+from seal_rl.tasks import CATEGORIES, Task, TaskSet
+
+RESULT_FILE = re.compile(r"BFCL_v[34]_multi_turn_(?P<category>[a-z_]+)_result\.json\Z")
+DECODERS = ("fc", "hermes", "pythonic")
+EXPORT_VERSION = "v4"
+_ID = re.compile(r"multi_turn_(?P<category>[a-z_]+)_(?P<number>\d+)\Z")
+
+
+@dataclass
+class RecordedAgent:
+    """Says a result entry's steps in order, marking each recorded turn's last step (the turn
+    boundary ``bfcl generate`` wrote). A turn with no step is one empty message."""
+
+    turns: list[list[str]]
+    _at: list[tuple[str, bool]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        for steps in self.turns:
+            steps = steps or [""]
+            self._at += [(text, i == len(steps) - 1) for i, text in enumerate(steps)]
+        self._at.reverse()
+
+    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation | None:
+        if not self._at:
+            return None
+        text, last = self._at.pop()
+        return Generation(text, end_turn=last)
+
+
+@dataclass
+class FailedAgent:
+    """An entry whose inference failed: a generation error, left out of the rates."""
+
+    message: str
+
+    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation:
+        return Generation("", error=self.message)
+
+
+def fc_step_text(step: Any) -> str:
+    """An FC step as ``<tool_call>`` blocks that :func:`seal_rl.protocol.decode_hermes` decodes
+    exactly as ``convert_to_function_call`` decodes the step (ASCII JSON, so no text can close a
+    block early and lone surrogates survive as escapes)."""
+    if isinstance(step, dict):
+        step = [step]
+    if not isinstance(step, list):
+        return ""  # the official decoder raises on it; an empty message ends the turn the same way
+    blocks = []
+    for item in step:
+        if isinstance(item, dict):
+            blocks += [json.dumps({"name": name, "arguments": arguments}) for name, arguments in item.items()]
+        else:
+            blocks.append(json.dumps(item))
+    return "\n".join(f"<tool_call>\n{block}\n</tool_call>" for block in blocks)
+
+
+@dataclass(frozen=True)
+class ResultEntry:
+    """One parsed line of a result file."""
+
+    file: Path
+    line: int
+    id: str
+    result: list[list[Any]] | str
+
+
+def result_files(path: Path) -> list[Path]:
+    """The result files at ``path``: the file itself, or every ``BFCL_v[34]_multi_turn_*_result.json``
+    below a directory (``bfcl generate`` writes ``result/<model>/multi_turn/...``)."""
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise SealError(f"bfcl-result: {path} does not exist; give a BFCL result file or a directory of them.")
+    files = sorted(p for p in path.rglob("*.json") if RESULT_FILE.match(p.name))
+    if not files:
+        raise SealError(f"bfcl-result: no BFCL_v3/v4_multi_turn_*_result.json file under {path}.")
+    return files
+
+
+def _shape_error(result: Any) -> str | None:
+    """Why ``result`` is not a list of turns of steps, or None."""
+    if not isinstance(result, list):
+        return f'"result" must be a list of turns or an inference-error string, got {type(result).__name__}'
+    for t, turn in enumerate(result):
+        if not isinstance(turn, list):
+            return f'turn {t} of "result" must be a list of steps, got {type(turn).__name__}'
+        for s, step in enumerate(turn):
+            if not isinstance(step, (str, list, dict)):
+                return f"turn {t} step {s} must be text or a list of {{name: arguments}} objects, got {type(step).__name__}"
+    return None
+
+
+def read_result_file(path: Path) -> list[ResultEntry]:
+    """The entries of one result file; a line that is not an entry raises :class:`SealError`
+    naming the file and line."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SealError(f"{path}: cannot read it ({exc.strerror}).") from None
+    entries = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            entry = json.loads(raw)
+        except UnicodeDecodeError:
+            raise SealError(f"{where}: not UTF-8 text.") from None
+        except (ValueError, RecursionError) as exc:
+            raise SealError(f"{where}: not a JSON line ({str(exc)[:120]}); a BFCL result file has one JSON object a line.") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or "result" not in entry:
+            raise SealError(f'{where}: expected an object with "id" (a task id) and "result", as `bfcl generate` writes.')
+        match = _ID.match(entry["id"])
+        if match is None or match["category"] not in CATEGORIES:
+            raise SealError(
+                f"{where}: {entry['id'][:80]!r} is not a BFCL multi-turn task of a known category "
+                f"({', '.join(CATEGORIES)})."
+            )
+        result = entry["result"]
+        if not isinstance(result, str):
+            problem = _shape_error(result)
+            if problem:
+                raise SealError(f"{where}: {problem}.")
+        entries.append(ResultEntry(path, number, entry["id"], result))
+    return entries
+
+
+def detect_decoder(entries: Sequence[ResultEntry]) -> str:
+    """``fc`` when steps are lists; else ``hermes`` when any step holds ``<tool_call>``, else
+    ``pythonic``. One decoder per import, as one model wrote the files."""
+    steps = [step for e in entries if isinstance(e.result, list) for turn in e.result for step in turn]
+    if any(isinstance(step, (list, dict)) for step in steps):
+        if any(isinstance(step, str) for step in steps):
+            raise SealError("bfcl-result: the files mix FC steps (lists) and prompting steps (text); import one model at a time.")
+        return "fc"
+    return "hermes" if any("<tool_call>" in step for step in steps) else "pythonic"
+
+
+@dataclass(frozen=True)
+class BfclResultPolicy:
+    """Replays BFCL result files (``seal eval --policy bfcl-result:PATH[#decoder]``)."""
+
+    path: Path
+    decoder: str | None = None
+    """``fc`` | ``hermes`` | ``pythonic``; None: detected from the files (:func:`detect_decoder`)"""
+    selects_tasks: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"bfcl-result:{self.path}" + (f"#{self.decoder}" if self.decoder else "")
+
+    def read(self) -> tuple[list[ResultEntry], str]:
+        entries = [entry for path in result_files(self.path) for entry in read_result_file(path)]
+        if not entries:
+            raise SealError(f"bfcl-result: {self.path} holds no entries.")
+        return entries, self.decoder or detect_decoder(entries)
+
+    def call_format(self) -> str:
+        """The call format the environment decodes with (FC steps are replayed as hermes blocks)."""
+        return "pythonic" if self.read()[1] == "pythonic" else "hermes"
+
+    def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+        entries, decoder = self.read()
+        episodes, unknown = [], []
+        for entry in entries:
+            if entry.id not in task_set:
+                unknown.append(entry.id)
+                continue
+            task = task_set.get(entry.id)
+            source = {"file": str(entry.file), "line": entry.line, "decoder": decoder}
+            if isinstance(entry.result, str):
+                agent: Any = FailedAgent(f"bfcl generate recorded an inference error: {entry.result[:500]}")
+            elif len(entry.result) > task.num_turns:
+                raise SealError(
+                    f"{entry.file}:{entry.line}: {len(entry.result)} turns recorded but {entry.id} has {task.num_turns}."
+                )
+            else:
+                turns = [[fc_step_text(s) if decoder == "fc" else s for s in turn] for turn in entry.result]
+                agent = RecordedAgent(turns)
+            episodes.append(Episode(len(episodes) + 1, task, agent, {"bfcl_result": source}))
+        if unknown:
+            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            raise_or_warn = f"{len(unknown)} entries name tasks the pinned bfcl-eval data does not have: {shown}"
+            if not episodes:
+                raise SealError(f"bfcl-result: {raise_or_warn}.")
+            for episode in episodes:
+                episode.extra["bfcl_result"]["unknown_tasks"] = len(unknown)
+            self.unknown.extend(unknown)
+        return episodes
+
+    unknown: list[str] = field(default_factory=list, compare=False, hash=False)
+    """ids of entries left out because the pinned data has no such task (filled by episodes())"""
+
+
+def parse_spec(rest: str) -> BfclResultPolicy:
+    """``PATH`` or ``PATH#decoder`` of ``bfcl-result:``."""
+    if not rest:
+        raise SealError("bfcl-result needs a result file or directory: --policy bfcl-result:PATH[#fc|#hermes|#pythonic]")
+    path, _, decoder = rest.partition("#")
+    if decoder and decoder not in DECODERS:
+        raise SealError(f"Unknown bfcl-result decoder {decoder!r}; expected one of {', '.join(DECODERS)}.")
+    return BfclResultPolicy(Path(path).expanduser(), decoder or None)
+
+
+def turns_of(record: dict[str, Any]) -> list[list[str]]:
+    """A seal episode record's model outputs as BFCL's per-turn, per-step lists (prompting shape).
+
+    The turn of each step comes from ``record["steps"]``; a turn the episode never reached is
+    absent, as in a force-terminated ``bfcl generate`` entry."""
+    texts = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    turns: list[list[str]] = []
+    for text, step in zip(texts, record.get("steps", ())):
+        while len(turns) <= step["turn"]:
+            turns.append([])
+        turns[step["turn"]].append(text)
+    return turns
+
+
+EXPORT_MODELS = {"hermes": "Qwen/Qwen3-8B-FC", "pythonic": "Qwen/Qwen3-8B"}
+"""The BFCL model whose handler decodes each call format as seal does (``QwenFCHandler``:
+``<tool_call>`` blocks; ``QwenHandler``: the pythonic prompting format)."""
+
+
+def export_run(
+    records: Sequence[dict[str, Any]], out: Path, *, call_format: str, model_name: str | None = None
+) -> list[Path]:
+    """Write episode records as ``BFCL_v4_multi_turn_<category>_result.json`` files under
+    ``out/<model>/multi_turn/`` (``/`` in the model name becomes ``_``: the layout
+    ``bfcl evaluate --result-dir out`` reads), one line per task in BFCL id order. Generation
+    errors become inference-error strings; of several samples of a task, sample 0 is written.
+    Each file is written whole under a temporary name first, so a failure leaves no half file."""
+    if model_name is None:
+        if call_format not in EXPORT_MODELS:
+            raise SealError(f"No BFCL handler reads the {call_format!r} call format; export hermes or pythonic runs.")
+        model_name = EXPORT_MODELS[call_format]
+    by_category: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.get("sample", 0):
+            continue
+        line: dict[str, Any] = {"id": record["task_id"]}
+        if record.get("error"):
+            line["result"] = f"Error during inference: {record['error']}"
+        else:
+            line["result"] = turns_of(record)
+        by_category.setdefault(record["category"], {})[record["task_id"]] = line
+    if not by_category:
+        raise SealError("Nothing to export: the run has no episodes.")
+    folder = out / model_name.replace("/", "_") / "multi_turn"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SealError(f"Cannot write {folder}: {exc.strerror}.") from None
+    written = []
+    for category, lines in sorted(by_category.items()):
+        target = folder / f"BFCL_{EXPORT_VERSION}_multi_turn_{category}_result.json"
+        partial = target.with_name(target.name + ".partial")
+        ordered = sorted(lines.values(), key=lambda line: int(_ID.match(line["id"])["number"]))
+        partial.write_text("".join(json.dumps(line) + "\n" for line in ordered), encoding="utf-8")
+        written.append((partial, target))
+    for partial, target in written:
+        partial.replace(target)
+    return [target for _, target in written]
