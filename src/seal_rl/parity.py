@@ -25,6 +25,7 @@ import json
 import random
 import re
 import uuid
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,8 +41,10 @@ DECODERS = ("fc", "hermes", "pythonic")
 OFFICIAL_LINES = '''
     if type(model_result_list) != list:
         return {
+...
     if len(model_result_list) != len(ground_truth_list):
         return {
+...
     multi_turn_model_result_list_decoded: list[list[list[str]]] = []
     for single_turn_model_result_list in model_result_list:
         single_turn_model_result_list_decoded = []
@@ -64,8 +67,8 @@ OFFICIAL_LINES = '''
         model_name,
     )
 '''
-"""The lines of ``_evaluate_single_multi_turn_entry`` that decide validity (comments and the
-error records it returns left out)."""
+"""The lines of ``_evaluate_single_multi_turn_entry`` that decide validity, in order (``...``: the
+error records it returns and comments, left out)."""
 
 OFFICIAL_QWEN_FC_LINES = '''
     def decode_execute(self, result, has_tool_call_tag):
@@ -78,6 +81,7 @@ OFFICIAL_QWEN_FC_LINES = '''
                 item = eval(item)
             decoded_result.append({item["name"]: item["arguments"]})
         return convert_to_function_call(decoded_result)
+...
     def _extract_tool_calls(input_string):
         pattern = r"<tool_call>\\n(.*?)\\n</tool_call>"
         matches = re.findall(pattern, input_string, re.DOTALL)
@@ -141,7 +145,8 @@ def official_verdict(task: Task, result: Any, decoder: str) -> dict[str, Any]:
                 continue
         decoded.append(steps)
     model_name = f"seal_parity_{uuid.uuid4().hex}"
-    with fresh_official_backends():
+    with fresh_official_backends(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # the official executor eval()s e.g. "5()"
         try:
             verdict = checker.multi_turn_checker(
                 decoded, [list(turn) for turn in task.ground_truth], task.bfcl_entry(),
