@@ -26,7 +26,8 @@ def read_results(out):
 
 def test_eval_writes_results_in_input_order_and_a_matching_summary(monkeypatch, capsys, tmp_path):
     ids = ["multi_turn_long_context_3", "multi_turn_base_1", "multi_turn_miss_func_49", "multi_turn_miss_param_2"]
-    code, out, err = run_cli(monkeypatch, capsys, "eval", "--policy", "oracle", "--tasks", ",".join(ids), "--out", str(tmp_path))
+    code, out, err = run_cli(monkeypatch, capsys, "eval", "--policy", "oracle", "--tasks", ",".join(ids), "--out", str(tmp_path),
+                             "--protocol", "seal")  # fmt: skip
     assert code == 0, err
     results = read_results(tmp_path)
     assert [r["task_id"] for r in results] == ids and [r["index"] for r in results] == [1, 2, 3, 4]
@@ -34,7 +35,7 @@ def test_eval_writes_results_in_input_order_and_a_matching_summary(monkeypatch, 
         assert key in results[0]
     assert [r["reward"] for r in results] == [1.0, 1.0, 0.0, 1.0]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary == {"policy": "oracle", **summarize(results)}
+    assert summary == {"policy": "oracle", "protocol": "seal", "split": None, "tasks": 4, **summarize(results)}
     assert summary["categories"]["miss_func"]["success_rate"] == 0.0 and summary["average"] == 0.75
     assert "average" in out and "75.0%" in out
     config = json.loads((tmp_path / "config.json").read_text())
@@ -71,7 +72,7 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["eval", "-p", "oracle", "--format", "pythonic", "--out", "{tmp}"], "prompt_mode='chat_template'"),
         (["eval", "-p", "oracle", "--split", "dev", "--out", "{tmp}"], "Unknown split 'dev'"),
         (["eval", "-p", "oracle", "-c", "web", "--out", "{tmp}"], "Unknown category 'web'"),
-        (["eval", "-p", "replay:{tmp}/bad.jsonl", "--split", "test", "--out", "{tmp}/o"], "a replay file names its own tasks"),
+        (["eval", "-p", "replay:{tmp}/bad.jsonl", "--split", "test", "--out", "{tmp}/o"], "replay and bfcl-result files name their own tasks"),
         (["eval", "-p", "random", "--out", "{tmp}"], "Unknown policy 'random'"),
         (["tasks", "show", "multi_turn_base_x"], "Unknown task id"),
         (["eval", "-p", "openai:no-url", "--out", "{tmp}"], "openai: needs MODEL@URL"),

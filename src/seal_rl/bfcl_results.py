@@ -10,7 +10,7 @@ the list of the model's outputs, one per step, as the official loop recorded the
   handlers, ``[f(a=1)]`` for the others).
 * ``result`` a string: inference failed for that entry (``"Error during inference: ..."``).
 
-:class:`BfclResultPolicy` replays every step through :class:`~seal_rl.env.BfclEnv` under the
+:class:`seal_rl.policies.BfclResultPolicy` replays every step through :class:`~seal_rl.env.BfclEnv` under the
 ``bfcl`` protocol with the recorded turn boundaries (``env.step(end_turn=...)``), so a turn may end
 on an undecodable step, and the rest of the pipeline (diagnosis, summary, report, compare) applies.
 :func:`export_run` writes a ``seal eval`` run back as result files in the prompting shape.
@@ -21,50 +21,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from seal_rl.errors import SealError
-from seal_rl.policies import Episode
-from seal_rl.rollout import Generation
-from seal_rl.tasks import CATEGORIES, Task, TaskSet
+from seal_rl.tasks import CATEGORIES
 
 RESULT_FILE = re.compile(r"BFCL_v[34]_multi_turn_(?P<category>[a-z_]+)_result\.json\Z")
 DECODERS = ("fc", "hermes", "pythonic")
 EXPORT_VERSION = "v4"
 _ID = re.compile(r"multi_turn_(?P<category>[a-z_]+)_(?P<number>\d+)\Z")
-
-
-@dataclass
-class RecordedAgent:
-    """Says a result entry's steps in order, marking each recorded turn's last step (the turn
-    boundary ``bfcl generate`` wrote). A turn with no step is one empty message."""
-
-    turns: list[list[str]]
-    _at: list[tuple[str, bool]] = field(default_factory=list, init=False)
-
-    def __post_init__(self) -> None:
-        for steps in self.turns:
-            steps = steps or [""]
-            self._at += [(text, i == len(steps) - 1) for i, text in enumerate(steps)]
-        self._at.reverse()
-
-    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation | None:
-        if not self._at:
-            return None
-        text, last = self._at.pop()
-        return Generation(text, end_turn=last)
-
-
-@dataclass
-class FailedAgent:
-    """An entry whose inference failed: a generation error, left out of the rates."""
-
-    message: str
-
-    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation:
-        return Generation("", error=self.message)
 
 
 def fc_step_text(step: Any) -> str:
@@ -164,72 +131,6 @@ def detect_decoder(entries: Sequence[ResultEntry]) -> str:
             raise SealError("bfcl-result: the files mix FC steps (lists) and prompting steps (text); import one model at a time.")
         return "fc"
     return "hermes" if any("<tool_call>" in step for step in steps) else "pythonic"
-
-
-@dataclass(frozen=True)
-class BfclResultPolicy:
-    """Replays BFCL result files (``seal eval --policy bfcl-result:PATH[#decoder]``)."""
-
-    path: Path
-    decoder: str | None = None
-    """``fc`` | ``hermes`` | ``pythonic``; None: detected from the files (:func:`detect_decoder`)"""
-    selects_tasks: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"bfcl-result:{self.path}" + (f"#{self.decoder}" if self.decoder else "")
-
-    def read(self) -> tuple[list[ResultEntry], str]:
-        entries = [entry for path in result_files(self.path) for entry in read_result_file(path)]
-        if not entries:
-            raise SealError(f"bfcl-result: {self.path} holds no entries.")
-        return entries, self.decoder or detect_decoder(entries)
-
-    def call_format(self) -> str:
-        """The call format the environment decodes with (FC steps are replayed as hermes blocks)."""
-        return "pythonic" if self.read()[1] == "pythonic" else "hermes"
-
-    def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-        entries, decoder = self.read()
-        episodes, unknown = [], []
-        for entry in entries:
-            if entry.id not in task_set:
-                unknown.append(entry.id)
-                continue
-            task = task_set.get(entry.id)
-            source = {"file": str(entry.file), "line": entry.line, "decoder": decoder}
-            if isinstance(entry.result, str):
-                agent: Any = FailedAgent(f"bfcl generate recorded an inference error: {entry.result[:500]}")
-            elif len(entry.result) > task.num_turns:
-                raise SealError(
-                    f"{entry.file}:{entry.line}: {len(entry.result)} turns recorded but {entry.id} has {task.num_turns}."
-                )
-            else:
-                turns = [[fc_step_text(s) if decoder == "fc" else s for s in turn] for turn in entry.result]
-                agent = RecordedAgent(turns)
-            episodes.append(Episode(len(episodes) + 1, task, agent, {"bfcl_result": source}))
-        if unknown:
-            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-            raise_or_warn = f"{len(unknown)} entries name tasks the pinned bfcl-eval data does not have: {shown}"
-            if not episodes:
-                raise SealError(f"bfcl-result: {raise_or_warn}.")
-            for episode in episodes:
-                episode.extra["bfcl_result"]["unknown_tasks"] = len(unknown)
-            self.unknown.extend(unknown)
-        return episodes
-
-    unknown: list[str] = field(default_factory=list, compare=False, hash=False)
-    """ids of entries left out because the pinned data has no such task (filled by episodes())"""
-
-
-def parse_spec(rest: str) -> BfclResultPolicy:
-    """``PATH`` or ``PATH#decoder`` of ``bfcl-result:``."""
-    if not rest:
-        raise SealError("bfcl-result needs a result file or directory: --policy bfcl-result:PATH[#fc|#hermes|#pythonic]")
-    path, _, decoder = rest.partition("#")
-    if decoder and decoder not in DECODERS:
-        raise SealError(f"Unknown bfcl-result decoder {decoder!r}; expected one of {', '.join(DECODERS)}.")
-    return BfclResultPolicy(Path(path).expanduser(), decoder or None)
 
 
 def turns_of(record: dict[str, Any]) -> list[list[str]]:

@@ -13,13 +13,12 @@ from rich.table import Column, Table
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.bfcl_results import BfclResultPolicy
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.evaluate import ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
-from seal_rl.policies import parse_policy, with_samples
+from seal_rl.policies import BfclResultPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
 from seal_rl.stats import compare_runs
 from seal_rl.tasks import CATEGORIES, TaskSet

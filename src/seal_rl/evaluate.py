@@ -33,11 +33,10 @@ from typing import Any
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.bfcl_results import BfclResultPolicy
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
-from seal_rl.policies import Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
+from seal_rl.policies import BfclResultPolicy, Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
 from seal_rl.generators import HFGenerator, OpenAIGenerator, ScriptedGenerator, ServerSettings, VLLMEngineGenerator
 from seal_rl.rollout import Budgets, Generator, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson

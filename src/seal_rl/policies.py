@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from seal_rl.bfcl_results import DECODERS, ResultEntry, detect_decoder, fc_step_text, read_result_file, result_files
 from seal_rl.errors import SealError
 from seal_rl.faults import FAULT_TYPES, oracle_transcript
 from seal_rl.interface import Message
+from seal_rl.rollout import Generation
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls
@@ -220,6 +222,105 @@ class ServerPolicy:
         return _generated_episodes(tasks)
 
 
+@dataclass
+class RecordedAgent:
+    """Says a result entry's steps in order, marking each recorded turn's last step (the turn
+    boundary ``bfcl generate`` wrote). A turn with no step is one empty message."""
+
+    turns: list[list[str]]
+    _at: list[tuple[str, bool]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        for steps in self.turns:
+            steps = steps or [""]
+            self._at += [(text, i == len(steps) - 1) for i, text in enumerate(steps)]
+        self._at.reverse()
+
+    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation | None:
+        if not self._at:
+            return None
+        text, last = self._at.pop()
+        return Generation(text, end_turn=last)
+
+
+@dataclass
+class FailedAgent:
+    """An entry whose inference failed: a generation error, left out of the rates."""
+
+    message: str
+
+    def act(self, observation: list[dict[str, Any]], info: dict[str, Any]) -> Generation:
+        return Generation("", error=self.message)
+
+
+@dataclass(frozen=True)
+class BfclResultPolicy:
+    """Replays BFCL result files (``seal eval --policy bfcl-result:PATH[#decoder]``)."""
+
+    path: Path
+    decoder: str | None = None
+    """``fc`` | ``hermes`` | ``pythonic``; None: detected from the files (:func:`detect_decoder`)"""
+    selects_tasks: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"bfcl-result:{self.path}" + (f"#{self.decoder}" if self.decoder else "")
+
+    def read(self) -> tuple[list[ResultEntry], str]:
+        entries = [entry for path in result_files(self.path) for entry in read_result_file(path)]
+        if not entries:
+            raise SealError(f"bfcl-result: {self.path} holds no entries.")
+        return entries, self.decoder or detect_decoder(entries)
+
+    def call_format(self) -> str:
+        """The call format the environment decodes with (FC steps are replayed as hermes blocks)."""
+        return "pythonic" if self.read()[1] == "pythonic" else "hermes"
+
+    def episodes(self, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
+        entries, decoder = self.read()
+        episodes, unknown = [], []
+        for entry in entries:
+            if entry.id not in task_set:
+                unknown.append(entry.id)
+                continue
+            task = task_set.get(entry.id)
+            source = {"file": str(entry.file), "line": entry.line, "decoder": decoder}
+            if isinstance(entry.result, str):
+                agent: Any = FailedAgent(f"bfcl generate recorded an inference error: {entry.result[:500]}")
+            elif len(entry.result) > task.num_turns:
+                raise SealError(
+                    f"{entry.file}:{entry.line}: {len(entry.result)} turns recorded but {entry.id} has {task.num_turns}."
+                )
+            else:
+                turns = [[fc_step_text(s) if decoder == "fc" else s for s in turn] for turn in entry.result]
+                agent = RecordedAgent(turns)
+            episodes.append(Episode(len(episodes) + 1, task, agent, {"bfcl_result": source}))
+        if unknown:
+            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            raise_or_warn = f"{len(unknown)} entries name tasks the pinned bfcl-eval data does not have: {shown}"
+            if not episodes:
+                raise SealError(f"bfcl-result: {raise_or_warn}.")
+            for episode in episodes:
+                episode.extra["bfcl_result"]["unknown_tasks"] = len(unknown)
+            self.unknown.extend(unknown)
+        return episodes
+
+    unknown: list[str] = field(default_factory=list, compare=False, hash=False)
+    """ids of entries left out because the pinned data has no such task (filled by episodes())"""
+
+
+def _bfcl_result_policy(rest: str) -> BfclResultPolicy:
+    """``PATH`` or ``PATH#decoder`` of ``bfcl-result:``."""
+    if not rest:
+        raise SealError("bfcl-result needs a result file or directory: --policy bfcl-result:PATH[#fc|#hermes|#pythonic]")
+    path, _, decoder = rest.partition("#")
+    if decoder and decoder not in DECODERS:
+        raise SealError(f"Unknown bfcl-result decoder {decoder!r}; expected one of {', '.join(DECODERS)}.")
+    return BfclResultPolicy(Path(path).expanduser(), decoder or None)
+
+
+
+
 def with_samples(episodes: Sequence[Episode], samples: int) -> list[Episode]:
     """Each episode ``samples`` times (sample 0..K-1 in ``extra``), renumbered 1..N·K in order."""
     if samples < 1:
@@ -253,9 +354,7 @@ def parse_policy(spec: str) -> Policy:
             raise SealError(f"hf: needs a local model directory with a config.json, got {rest!r}.")
         return ModelPolicy(path)
     if kind == "bfcl-result":
-        from seal_rl.bfcl_results import parse_spec
-
-        return parse_spec(rest)
+        return _bfcl_result_policy(rest)
     if kind == "replay":
         if not rest:
             raise SealError("replay needs a file: --policy replay:PATH/TO/transcripts.jsonl")
