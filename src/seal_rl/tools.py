@@ -264,14 +264,14 @@ class PythonicFormat:
         if node.args:
             raise _MalformedCall(f"{where}: positional arguments are not supported; write {node.func.id}(name=value)")
         arguments: dict[str, Any] = {}
-        for keyword in node.keywords:
-            if keyword.arg is None:
+        for kw in node.keywords:
+            if kw.arg is None:
                 raise _MalformedCall(f"{where}: **kwargs is not supported")
             try:
-                value = ast.literal_eval(keyword.value)
+                value = ast.literal_eval(kw.value)
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                raise _MalformedCall(f"{where}: argument {keyword.arg!r} is not a literal value") from None
-            arguments[keyword.arg] = check_json_value(value, f"{where}, argument {keyword.arg!r}")
+                raise _MalformedCall(f"{where}: argument {kw.arg!r} is not a literal value") from None
+            arguments[kw.arg] = check_json_value(value, f"{where}, argument {kw.arg!r}")
         return ToolCall(node.func.id, arguments)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
