@@ -150,7 +150,7 @@ _FENCE_LANGUAGE = re.compile(r"[A-Za-z0-9_-]*")
 
 
 def _strip_fence(text: str) -> str:
-    """Remove one surrounding Markdown code fence (```lang ... ```), if present, and strip the rest.
+    r"""Remove one surrounding Markdown code fence (```lang ... ```), if present, and strip the rest.
 
     Linear time. The same result as ``re.fullmatch(r"```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```", text,
     re.DOTALL).group(1).strip()``, which backtracks quadratically on a fence followed by letters
