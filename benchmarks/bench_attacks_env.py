@@ -124,6 +124,32 @@ def attack_power(exponent: int, guarded: bool) -> dict:
     return {"seconds": time.perf_counter() - started, "end": env.end_reason, "result": env.trace[-1].result[:60]}
 
 
+def slowest_admitted_calls() -> list[tuple[str, float, str]]:
+    """The costliest MathAPI calls the resource guard still lets run (each a single C operation a
+    signal cannot interrupt): their time is the slack past ``step_timeout_s``."""
+    from seal_rl.backends import MAX_INTEGER_DIGITS, MAX_PRECISION, Backends
+    from seal_rl.tasks import TaskSet
+    from seal_rl.tools import ToolCall
+
+    backends = Backends(next(t for t in TaskSet.load() if "MathAPI" in t.involved_classes))
+    widest = 10**MAX_INTEGER_DIGITS - 1
+    calls = [
+        ("power", {"base": widest, "exponent": 23}),
+        ("power", {"base": 7, "exponent": 118_000}),
+        ("logarithm", {"value": widest, "base": 3, "precision": MAX_PRECISION}),
+        ("square_root", {"number": widest, "precision": MAX_PRECISION}),
+        ("round_number", {"number": widest, "decimal_places": -MAX_PRECISION}),
+        ("multiply", {"a": widest, "b": widest}),
+        ("mean", {"numbers": [widest] * 23}),  # 23 such numbers fill a 100 KB message
+    ]
+    rows = []
+    for name, arguments in calls:
+        started = time.perf_counter()
+        outcome = backends.execute(ToolCall(name, arguments))
+        rows.append((name, time.perf_counter() - started, outcome.output[:50]))
+    return rows
+
+
 _OLD_FENCE = re.compile(r"```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```", flags=re.DOTALL)
 _OLD_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -166,6 +192,11 @@ def attack_parser(shape: str, chars: int, guarded: bool, repeats: int = 3) -> fl
             fmt.parse(message)
         best = min(best, (time.perf_counter() - started) / loops)
     return best
+
+
+def parse_series(shape: str, lengths: tuple[int, ...], guarded: bool) -> list[float]:
+    """attack_parser at each length, in one process (best of 5)."""
+    return [attack_parser(shape, chars, guarded, repeats=5) for chars in lengths]
 
 
 def _fresh(function, *args):
@@ -219,6 +250,13 @@ def main() -> None:
     table.add_row("", "", "unguarded: 5 KB (1/20 of it)", "unguarded: regex backtracking", f"{old:.4f}", "",
                   f"{old / new:,.0f}x time at 1/20 size")  # fmt: skip
     console.print(table)
+
+    slack = Table(title="Slowest calls the guard admits (one uninterruptible C operation each = the slack past step_timeout_s)")
+    for column in ("call", "seconds", "output"):
+        slack.add_column(column, justify="right" if column == "seconds" else "left")
+    for name, seconds, output in _fresh(slowest_admitted_calls):
+        slack.add_row(name, f"{seconds:.3f}", output)
+    console.print(slack)
     console.print(_growth_table(_fresh))
     console.print("One larger step near 128 KB is the allocator moving big strings to mmap (a constant factor); "
                   "the doublings after it are x2 again.")  # fmt: skip
@@ -230,21 +268,15 @@ def _growth_table(fresh) -> Table:
                          "length: x2 is linear, x4 quadratic")  # fmt: skip
     growth.add_column("shape")
     growth.add_column("path")
-    lengths = (2_500, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000, 640_000)
+    lengths = (2_500, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000)
     for chars in lengths:
         growth.add_column(f"{chars / 1000:g}K", justify="right")
     for shape in ("fence + letters (pythonic)", "fenced call, long argument (json)", "unmatched tags (hermes)"):
         for guarded in (True, False):
-            cells, previous = [], None
-            for chars in lengths:
-                if not guarded and chars > 10_000:  # quadratic: 100 KB would take minutes
-                    cells.append("-")
-                    continue
-                seconds = fresh(attack_parser, shape, chars, guarded)
-                ratio = f" x{seconds / previous:.1f}" if previous else ""
-                cells.append(f"{seconds:.2g}{ratio}")
-                previous = seconds
-            growth.add_row(shape if guarded else "", "guarded" if guarded else "old regex", *cells)
+            measured = lengths if guarded else lengths[:3]  # quadratic: 100 KB would take minutes
+            times = fresh(parse_series, shape, measured, guarded)
+            cells = [f"{t:.2g}" + (f" x{t / times[i - 1]:.1f}" if i else "") for i, t in enumerate(times)]
+            growth.add_row(shape if guarded else "", "guarded" if guarded else "old regex", *cells, *["-"] * (len(lengths) - len(times)))
     return growth
 
 
