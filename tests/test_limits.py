@@ -128,7 +128,7 @@ def test_a_call_running_past_the_step_limit_is_stopped_and_ends_the_episode(task
     ls, pwd, skipped = env.trace
     assert ls.accepted and ls.error is None
     assert pwd.error_kind == "execution" and "was stopped" in pwd.result
-    assert not skipped.accepted and "not executed" in skipped.error
+    assert not skipped.accepted and skipped.error_kind == "execution" and "not executed" in skipped.error
     assert env.calls_by_turn[0] == [[ToolCall("ls", {})]]  # the stopped call counts as not made
     assert info["verdict"].checker_error is None
 
@@ -277,3 +277,26 @@ def test_adversarial_100kb_messages_parse(name, message):
     # Each took tens of seconds with the old regexes; this test would time out the suite then.
     parsed = get_format(name).parse(message)
     assert parsed.error is not None or not parsed.calls
+
+
+_HOSTILE_NAME = "missing 1 required positional argument: " * 2_400 + "\nX"
+
+
+@given(st.lists(st.sampled_from(["missing 1 required positional argument: ", "missing 2 required keyword-only arguments: ",
+                                 "x", "\n", "'a'"]), max_size=8).map("".join))  # fmt: skip
+def test_missing_argument_hint_reads_the_last_line_as_the_whole_text_regex_did(error):
+    from seal_rl.interface import _MISSING_ARGUMENT
+
+    whole = _MISSING_ARGUMENT.search(error)
+    last = _MISSING_ARGUMENT.search(error.removesuffix("\n").rpartition("\n")[2])
+    assert (whole and whole.group(1)) == (last and last.group(1))
+
+
+def test_tool_hints_on_a_hostile_file_name_complete(task_set):
+    # The error of cd(folder=<96 KB of "missing 1 required ...">) took 2 s per call in the hint regex.
+    from seal_rl.interface import Interface, InterfaceState
+
+    env = BfclEnv(EnvConfig(), Interface(state=InterfaceState(tool_hints=True)))
+    env.reset(task_set.get("multi_turn_base_0"))
+    observation, *_ = env.step(HERMES.render([ToolCall("cd", {"folder": _HOSTILE_NAME[:40_000]})] * 2))
+    assert observation[0]["content"].count("No such file or directory") == 2

@@ -364,8 +364,8 @@ class BfclEnv:
                 self._limit_reached = "step_timeout"  # measured: an uninterruptible call used the rest
             if self._limit_reached is not None:
                 for skipped in calls[index + 1 :]:
-                    self.trace.append(TraceEntry(self.turn, step, skipped.name, skipped.arguments, False,
-                                                 error="not executed: the step ran out of time"))  # fmt: skip
+                    self.trace.append(TraceEntry(self.turn, step, skipped.name, skipped.arguments, False, None, "execution",
+                                                 "not executed: the step ran out of time"))  # fmt: skip
                 break
         if self._limit_reached is None and self.observation_chars > config.observation_budget_chars:
             self._limit_reached = "observation_budget"
