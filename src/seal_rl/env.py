@@ -15,7 +15,7 @@ from typing import Any
 from seal_rl.backends import EXECUTION_ERROR_PREFIX, Backends, CallOutcome
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
-from seal_rl.limits import StepTimeout, time_limit, truncate_result
+from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate_result
 from seal_rl.tasks import Task
 from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format
 from seal_rl.verify import Verdict, verify
@@ -342,7 +342,7 @@ class BfclEnv:
                     outcome = self._backends.execute(call)
             except StepTimeout:
                 self._limit_reached = "step_timeout"
-                message = f"the step ran past its time limit of {config.step_timeout_s:g} s; this call was stopped"
+                message = stopped_call_error(config.step_timeout_s)
                 outcome = CallOutcome(EXECUTION_ERROR_PREFIX + message, message, raised=True)
             else:
                 completed.append(call)

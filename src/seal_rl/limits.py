@@ -45,6 +45,11 @@ def truncate_result(text: str, limit: int) -> tuple[str, int]:
     return text[:limit] + TRUNCATION_MARKER.format(count=cut), cut
 
 
+def stopped_call_error(step_timeout_s: float) -> str:
+    """The error a call stopped by the step time limit gets (in the episode and in the verifier)."""
+    return f"the step ran past its time limit of {step_timeout_s:g} s; this call was stopped"
+
+
 def alarms_available() -> bool:
     """Whether :func:`time_limit` can interrupt here (POSIX, main thread)."""
     return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()

@@ -39,7 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 from seal_rl.backends import EXECUTION_ERROR_PREFIX, BackendWorld, Backends, method_signature
-from seal_rl.limits import StepTimeout, time_limit
+from seal_rl.limits import StepTimeout, stopped_call_error, time_limit
 from seal_rl.tasks import Task
 from seal_rl.tools import ToolCall
 
@@ -252,8 +252,7 @@ def _replay(model: Backends, step: Sequence[ToolCall], step_timeout_s: float | N
             with time_limit(deadline - time.monotonic()):
                 outputs.append(_output_key(model.execute(call).output))
         except StepTimeout:
-            message = f"the step ran past its time limit of {step_timeout_s:g} s; this call was stopped"
-            outputs.append(_output_key(EXECUTION_ERROR_PREFIX + message))
+            outputs.append(_output_key(EXECUTION_ERROR_PREFIX + stopped_call_error(step_timeout_s)))
             break
     return outputs
 
