@@ -19,8 +19,11 @@ without any of that:
 
 Departures (both only for input the official executor cannot survive):
 
-* :func:`resource_guard` refuses the three calls that make C code run for hours on hostile numbers
-  (``MathAPI.power`` with huge integer exponents, ``logarithm``/``square_root`` with huge precision).
+* :func:`resource_guard` refuses the calls that make C code run for minutes or hours on hostile
+  numbers, looking at every operand: an integer argument longer than Python's own int/str limit
+  (4,300 digits; only a pythonic hex literal can carry one), ``MathAPI.power`` whose integer result
+  would have more than 100,000 digits, ``round_number`` to more than 10,000 places, and
+  ``logarithm``/``square_root`` with precision above 10,000.
 * ``mpmath.mp.dps`` and the ``decimal`` context precision are restored after every call, so a tool
   call cannot change the precision of other code in the process (e.g. sympy inside torch).
 
@@ -35,6 +38,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import pickle
 import types
 from collections.abc import Mapping
@@ -53,8 +57,14 @@ from seal_rl.tools import ToolCall
 EXECUTION_ERROR_PREFIX = "Error during execution: "
 
 # Limits of resource_guard; the ground truth stays far below them (largest precision: 10, no power calls).
-MAX_INTEGER_EXPONENT = 10_000
+MAX_INTEGER_DIGITS = 4_300
+"""Longest integer argument (decimal digits): Python's default int/str conversion limit, so no
+decimal literal and no ``repr`` the official executor could build is longer."""
+_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
+MAX_RESULT_DIGITS = 100_000
+"""Largest integer ``MathAPI.power`` may compute (about 10 ms); longer results cannot be printed anyway."""
 MAX_PRECISION = 10_000
+"""Largest ``precision`` of ``logarithm``/``square_root`` and ``|decimal_places|`` of ``round_number``."""
 
 
 @lru_cache(maxsize=None)
@@ -183,21 +193,48 @@ def format_result(value: Any) -> str:
     return str(value)
 
 
+def _oversized_integer(arguments: Mapping[str, Any]) -> str | None:
+    """The name of an argument holding (at any depth) an integer longer than MAX_INTEGER_DIGITS."""
+    stack: list[tuple[str, Any]] = list(arguments.items())
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INTEGER_BOUND:
+            return name
+        if isinstance(value, (list, tuple)):
+            stack.extend((name, item) for item in value)
+        elif isinstance(value, dict):
+            stack.extend((name, item) for item in value.values())
+    return None
+
+
 def resource_guard(class_name: str, method: str, arguments: Mapping[str, Any]) -> str | None:
     """Why a call must not run (it would hang the process in C code), or None.
 
-    The official executor would compute ``10 ** 10**9`` or a million-digit logarithm for as long
-    as it takes; no result exists to be faithful to, so we return an execution error instead.
+    Every operand is looked at, so each call that does run finishes in milliseconds (C code cannot
+    be interrupted by the step time limit): an integer longer than Python's own int/str limit is
+    refused in any call; ``MathAPI.power`` is refused when its integer result would exceed
+    MAX_RESULT_DIGITS, ``round_number`` when ``|decimal_places|`` exceeds MAX_PRECISION (an integer
+    rounded to -10**8 places computes 10**10**8), and ``logarithm``/``square_root`` when the
+    precision exceeds MAX_PRECISION. The official executor would compute ``10 ** 10**9`` or a
+    million-digit logarithm for as long as it takes; no result exists to be faithful to, so we
+    return an execution error instead.
     """
+    oversized = _oversized_integer(arguments)
+    if oversized is not None:
+        return f"integer argument {oversized!r} has more than {MAX_INTEGER_DIGITS} digits (too large)"
     if class_name != "MathAPI":
         return None
     if method == "power":
         base, exponent = arguments.get("base"), arguments.get("exponent")
         if (
             isinstance(base, int) and isinstance(exponent, int)
-            and abs(base) > 1 and abs(exponent) > MAX_INTEGER_EXPONENT
+            and abs(base) > 1 and exponent > 0 and exponent * math.log10(abs(base)) > MAX_RESULT_DIGITS
         ):  # fmt: skip
-            return f"integer exponent {exponent} is too large (limit {MAX_INTEGER_EXPONENT})"
+            return f"power result would have more than {MAX_RESULT_DIGITS} digits (too large)"
+    if method == "round_number":
+        places = arguments.get("decimal_places")
+        if isinstance(places, int) and abs(places) > MAX_PRECISION:
+            return f"decimal_places {places} is too large (limit {MAX_PRECISION})"
     if method in ("logarithm", "square_root"):
         precision = arguments.get("precision")
         if isinstance(precision, int) and precision > MAX_PRECISION:

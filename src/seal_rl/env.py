@@ -8,13 +8,15 @@ reference's (SEAL_METHOD.md §5); see the :class:`BfclEnv` docstring.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from seal_rl.backends import Backends
+from seal_rl.backends import EXECUTION_ERROR_PREFIX, Backends, CallOutcome
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
+from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate_result
 from seal_rl.protocol import Decoded, check_protocol, decode
 from seal_rl.tasks import Task
 from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format
@@ -42,6 +44,17 @@ class EnvConfig:
     turn exceeds it (BFCL's ``MAXIMUM_STEP_LIMIT``)"""
     max_message_chars: int = 100_000
     """longer assistant messages are rejected unparsed (a 4096-token response is ~16k chars)"""
+    max_calls_per_message: int = 64
+    """messages with more calls are rejected whole, nothing executed (BFCL ground truth: at most 34 per turn)"""
+    max_result_chars: int = 50_000
+    """longer tool results are cut, with a ``... [truncated: N more characters]`` marker (largest
+    official result: 31,706)"""
+    observation_budget_chars: int = 1_000_000
+    """tool-result characters shown per episode; the episode is truncated (``observation_budget``)
+    after the step that exceeds it (largest ground-truth episode: 70,719)"""
+    step_timeout_s: float = 10.0
+    """wall time of one step's calls; the episode is truncated (``step_timeout``) when it runs out
+    (see seal_rl.limits for the guarantee; largest ground-truth step: 6 ms)"""
 
     def __post_init__(self) -> None:
         check_protocol(self.protocol)
@@ -57,8 +70,11 @@ class EnvConfig:
             raise SealError(f"max_model_calls must be at least 1, got {self.max_model_calls}.")
         if self.max_steps_per_turn < 1:
             raise SealError(f"max_steps_per_turn must be at least 1, got {self.max_steps_per_turn}.")
-        if self.max_message_chars < 1:
-            raise SealError(f"max_message_chars must be at least 1, got {self.max_message_chars}.")
+        for name in ("max_message_chars", "max_calls_per_message", "max_result_chars", "observation_budget_chars"):
+            if getattr(self, name) < 1:
+                raise SealError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not self.step_timeout_s > 0:
+            raise SealError(f"step_timeout_s must be a positive number of seconds, got {self.step_timeout_s}.")
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ class TraceEntry:
     error_kind: None, or one of ``parse`` | ``unknown_tool`` | ``schema`` | ``execution``.
     error: the parse error, the execution error or the schema violations, as text.
     schema_violations: how the call broke its tool's schema (it still executed).
+    truncated: how many characters of the result were cut (``max_result_chars``); 0 for none.
     """
 
     turn: int
@@ -83,6 +100,7 @@ class TraceEntry:
     error_kind: str | None = None
     error: str | None = None
     schema_violations: tuple[SchemaViolation, ...] = field(default=())
+    truncated: int = 0
 
 
 def _clean_text(action: str | bytes) -> str:
@@ -189,6 +207,8 @@ class BfclEnv:
         self.turn_steps = 0
         self.verdict: Verdict | None = None
         self.end_reason: str | None = None
+        self.observation_chars = 0  # tool-result characters shown so far (observation_budget_chars)
+        self._limit_reached: str | None = None  # a per-step cap that ends the episode after this step
         self._backends = Backends(task)
         self._docs = {doc["name"]: doc for doc in task.functions}
         self._schemas = {doc["name"]: self._catalog.schema(doc) for doc in task.functions}
@@ -252,6 +272,8 @@ class BfclEnv:
             observation, info["event"], ending = self._seal_step(text, step, info)
         self.steps.append({"turn": info["turn"], "event": info["event"]})
         self.messages.extend(observation)
+        if not self.done and self._limit_reached is not None:
+            ending = self._limit_reached
         if ending is not None and not self.done:
             self._finish(ending)
         reward = 0.0
@@ -264,10 +286,7 @@ class BfclEnv:
     def _seal_step(self, text: str, step: int, info: dict[str, Any]) -> tuple[list[Message], str, str | None]:
         """The SEAL reference's step: unreadable messages and unavailable tools are rejected with an
         error observation; 20 model calls per episode."""
-        if len(text) > self.config.max_message_chars:
-            parsed = ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
-        else:
-            parsed = self.format.parse(text)
+        parsed = self._parse(text)
         unavailable = [c.name for c in parsed.calls if c.name not in self._schemas]
         if parsed.error is not None:
             self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=parsed.error))
@@ -288,10 +307,7 @@ class BfclEnv:
         """The official loop's step (``inference_multi_turn_prompting``): decode; no call or an
         error ends the turn silently; calls execute by name; more than ``max_steps_per_turn``
         executing steps in a turn force-terminate the episode."""
-        if len(text) > self.config.max_message_chars:
-            decoded = Decoded(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
-        else:
-            decoded = decode(text, self.config.call_format)
+        decoded = self._parse(text)
         if decoded.error is not None:
             self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=decoded.error))
         if decoded.calls:
@@ -360,12 +376,40 @@ class BfclEnv:
         reason = f"no tool named {', '.join(repr(n) for n in names)} is available. Nothing was executed."
         return self.interface.rejection(Rejection(reason, names), list(self._docs.values()))
 
+    def _parse(self, text: str) -> ParsedMessage | Decoded:
+        """The message's calls under the protocol (seal-rl's parser, or the official decoder for
+        ``bfcl``), or why it is refused whole: too long, unreadable, or too many calls."""
+        if len(text) > self.config.max_message_chars:
+            return ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
+        parsed = decode(text, self.config.call_format) if self.config.protocol == "bfcl" else self.format.parse(text)
+        if len(parsed.calls) > self.config.max_calls_per_message:
+            return ParsedMessage(error=f"message with {len(parsed.calls)} tool calls exceeds the limit of "
+                                       f"{self.config.max_calls_per_message} calls per message")  # fmt: skip
+        return parsed
+
     def _execute(self, step: int, calls: Sequence[ToolCall]) -> list[Message]:
-        results = []
-        for call in calls:
+        """Run the calls in order within the step's wall time (``step_timeout_s``), cutting each
+        result to ``max_result_chars`` and counting them against ``observation_budget_chars``.
+
+        A call interrupted by the time limit gets an execution error and counts as not made (the
+        verifier does not replay it); later calls do not run; the episode then ends with
+        ``step_timeout``. See seal_rl.limits for what the limit guarantees.
+        """
+        config = self.config
+        deadline = time.monotonic() + config.step_timeout_s
+        results, completed = [], []
+        for index, call in enumerate(calls):
             schema = self._schemas.get(call.name)  # bfcl protocol: any public method runs
             violations = schema.validate(call) if schema is not None else ()
-            outcome = self._backends.execute(call)
+            try:
+                with time_limit(deadline - time.monotonic()):
+                    outcome = self._backends.execute(call)
+            except StepTimeout:
+                self._limit_reached = "step_timeout"
+                message = stopped_call_error(config.step_timeout_s)
+                outcome = CallOutcome(EXECUTION_ERROR_PREFIX + message, message, raised=True)
+            else:
+                completed.append(call)
             if violations:
                 kind, error = "schema", "; ".join(v.message for v in violations)
                 if outcome.error:
@@ -374,15 +418,29 @@ class BfclEnv:
                 kind, error = "execution", outcome.error
             else:
                 kind, error = None, None
-            self.trace.append(TraceEntry(self.turn, step, call.name, call.arguments, True, outcome.output, kind, error, violations))
-            results.append(ToolResult(call.name, outcome.output, call.arguments, outcome.error, violations))
-        self.calls_by_turn[self.turn].append(list(calls))
+            output, cut = truncate_result(outcome.output, config.max_result_chars)
+            error = None if error is None else truncate_result(error, config.max_result_chars)[0]
+            backend_error = None if outcome.error is None else truncate_result(outcome.error, config.max_result_chars)[0]
+            self.observation_chars += len(output)
+            self.trace.append(TraceEntry(self.turn, step, call.name, call.arguments, True, output, kind, error, violations, cut))
+            results.append(ToolResult(call.name, output, call.arguments, backend_error, violations))
+            if self._limit_reached is None and time.monotonic() >= deadline:
+                self._limit_reached = "step_timeout"  # measured: an uninterruptible call used the rest
+            if self._limit_reached is not None:
+                for skipped in calls[index + 1 :]:
+                    self.trace.append(TraceEntry(self.turn, step, skipped.name, skipped.arguments, False, None, "execution",
+                                                 "not executed: the step ran out of time"))  # fmt: skip
+                break
+        if self._limit_reached is None and self.observation_chars > config.observation_budget_chars:
+            self._limit_reached = "observation_budget"
+        self.calls_by_turn[self.turn].append(completed)
         return self.interface.tool_results(results, list(self._docs.values()))
 
     def _finish(self, reason: str) -> None:
         self.end_reason = reason
         try:
-            self.verdict = verify(self.task, self.calls_by_turn, turns_reached=self.turns_reached)
+            self.verdict = verify(self.task, self.calls_by_turn, turns_reached=self.turns_reached,
+                                  step_timeout_s=self.config.step_timeout_s)  # fmt: skip
         except Exception as exc:  # a scorer failure must not crash the driver; diagnosis labels it
             self.verdict = Verdict.unscorable(f"{type(exc).__name__}: {exc}")
         self._backends = None  # release the episode's instances
@@ -400,6 +458,7 @@ def episode_record(env: BfclEnv) -> dict[str, Any]:
         "turns_reached": env.turns_reached,
         "num_turns": env.task.num_turns,
         "model_calls": env.model_calls,
+        "observation_chars": env.observation_chars,
         "messages": env.messages,
         "steps": env.steps,
         "trace": [_trace_json(entry) for entry in env.trace],
@@ -411,6 +470,6 @@ def _trace_json(entry: TraceEntry) -> Mapping[str, Any]:
     return {
         "turn": entry.turn, "step": entry.step, "name": entry.name, "arguments": entry.arguments,
         "accepted": entry.accepted, "result": entry.result, "error_kind": entry.error_kind,
-        "error": entry.error,
+        "error": entry.error, "truncated": entry.truncated,
         "schema_violations": [{"kind": v.kind, "argument": v.argument, "message": v.message} for v in entry.schema_violations],
     }  # fmt: skip

@@ -457,7 +457,9 @@ class Interface:
         hints = []
         error = result.error or ""
         missing = [v.argument for v in result.violations if v.kind == "missing_required"]
-        match = _MISSING_ARGUMENT.search(error)
+        # `(.+)$` can only match on the last line; searching the whole error text backtracks
+        # quadratically over model text such as a hostile file name (2 s on 96 KB).
+        match = _MISSING_ARGUMENT.search(error.removesuffix("\n").rpartition("\n")[2])
         if match and not missing:
             missing = re.findall(r"'([^']+)'", match.group(1))
         unknown = [v.argument for v in result.violations if v.kind == "unknown_argument"]

@@ -19,22 +19,32 @@ An episode that never reached some turn scores 0, as the official runner's "forc
 rule has it (the checker alone would pass an episode cut off before a final abstain turn, as in
 the four ``*_167`` tasks). Unreached turns are checked as turns without calls and marked
 ``reached=False``.
+
+Bounded re-execution: with ``step_timeout_s`` (the environment passes its own), each model step is
+replayed under the same wall-time limit as in the episode (:mod:`seal_rl.limits`); a call stopped
+by it gets the same error output as in the episode and the rest of the step is skipped. Outputs
+longer than :data:`_OUTPUT_KEY_CHARS` are compared by SHA-256 digest, so a verification holds no
+more than the episode showed; equality, hence the verdict, is unchanged.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from seal_rl.backends import BackendWorld, Backends, method_signature
+from seal_rl.backends import EXECUTION_ERROR_PREFIX, BackendWorld, Backends, method_signature
+from seal_rl.limits import StepTimeout, stopped_call_error, time_limit
 from seal_rl.tasks import Task
 from seal_rl.tools import ToolCall
 
 _REPR_LIMIT = 300
+_OUTPUT_KEY_CHARS = 1_000
 _MISSING = object()
 
 
@@ -223,21 +233,45 @@ def _differs(model_value: Any, truth_value: Any) -> bool:
         return True
 
 
-def _missing_indices(outputs: Sequence[str], expected: Sequence[str]) -> list[int]:
-    """Indices of the items of ``expected`` not found in ``outputs``, counting duplicates (the
-    official response_checker)."""
+def _output_key(output: str) -> str | tuple[int, bytes]:
+    """An output as compared: itself, or (length, SHA-256) when long; equal keys iff equal outputs
+    (up to hash collisions)."""
+    if len(output) <= _OUTPUT_KEY_CHARS:
+        return output
+    return len(output), hashlib.sha256(output.encode("utf-8", errors="surrogatepass")).digest()
+
+
+def _replay(model: Backends, step: Sequence[ToolCall], step_timeout_s: float | None) -> list[str | tuple[int, bytes]]:
+    """The output keys of one model step re-executed, within ``step_timeout_s`` as in the episode."""
+    if step_timeout_s is None:
+        return [_output_key(model.execute(call).output) for call in step]
+    deadline = time.monotonic() + step_timeout_s
+    outputs = []
+    for call in step:
+        try:
+            with time_limit(deadline - time.monotonic()):
+                outputs.append(_output_key(model.execute(call).output))
+        except StepTimeout:
+            outputs.append(_output_key(EXECUTION_ERROR_PREFIX + stopped_call_error(step_timeout_s)))
+            break
+    return outputs
+
+
+def _missing_indices(outputs: Sequence[str | tuple[int, bytes]], expected: Sequence[str]) -> list[int]:
+    """Indices of the items of ``expected`` not found in ``outputs`` (output keys), counting
+    duplicates (the official response_checker)."""
     pool = list(outputs)
     missing = []
     for index, item in enumerate(expected):
         try:
-            pool.remove(item)
+            pool.remove(_output_key(item))
         except ValueError:
             missing.append(index)
     return missing
 
 
-def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str],
-                 truth: Backends, truth_outputs: Sequence[str]) -> tuple[set[str], list[str]]:  # fmt: skip
+def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str | tuple[int, bytes]],
+                 truth: Backends, truth_outputs: Sequence[str], step_timeout_s: float | None) -> tuple[set[str], list[str]]:  # fmt: skip
     """What this turn's own calls get wrong: the model's accepted calls of ``turn`` replayed on a
     ground-truth replay of the turns before it, compared with the ground truth after it (``truth``,
     ``truth_outputs``). Returns the differing attributes (``Class.attribute``) and the ground-truth
@@ -246,7 +280,7 @@ def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, ste
     for calls in expected_calls[:turn]:
         for call in calls:
             before.execute(call)
-    own_outputs = [before.execute(call).output for step in steps for call in step]
+    own_outputs = [output for step in steps for output in _replay(before, step, step_timeout_s)]
     differences = {d.key for d in _state_differences(before, truth)}
     missing = _missing_indices([*earlier_outputs, *own_outputs], truth_outputs)
     return differences, [expected_calls[turn][i].name for i in missing]
@@ -257,6 +291,7 @@ def verify(
     calls_by_turn: Sequence[Sequence[Sequence[ToolCall]]],
     *,
     turns_reached: int | None = None,
+    step_timeout_s: float | None = None,
 ) -> Verdict:
     """Score the calls an episode accepted.
 
@@ -265,6 +300,8 @@ def verify(
         calls_by_turn: per user turn, per model step, the calls accepted in that step. Missing
             trailing turns count as turns without calls; empty steps are ignored.
         turns_reached: how many turns the agent acted in before the episode ended (default: all).
+        step_timeout_s: replay each model step within this wall time, as the episode did
+            (default: no limit).
 
     Returns:
         The :class:`Verdict`: reward 1.0 iff every turn was reached and the official checker
@@ -275,7 +312,7 @@ def verify(
     truth = Backends(task, world)
     expected_calls = ground_truth_calls(task)
     model: Backends | None = None
-    model_outputs: list[str] = []
+    model_outputs: list[str | tuple[int, bytes]] = []
     checks = []
     for turn, expected in enumerate(expected_calls):
         steps = [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
@@ -283,7 +320,7 @@ def verify(
         for step in steps:
             if model is None:
                 model = Backends(task, world)
-            model_outputs.extend(model.execute(call).output for call in step)
+            model_outputs.extend(_replay(model, step, step_timeout_s))
         truth_outcomes = [truth.execute(call) for call in expected]
         truth_errors = tuple(o.output for o in truth_outcomes if o.raised)
         if not expected:
@@ -313,7 +350,8 @@ def verify(
             tool_classes=tuple(sorted((name, model.owner(name)) for name in names if model.owner(name) is not None)),
         )
         if check.failure is not None and check.has_calls and any(c.scorable and c.failure for c in checks):
-            own, own_missing = _own_outcome(task, world, expected_calls, turn, steps, earlier_outputs, truth, truth_outputs)
+            own, own_missing = _own_outcome(task, world, expected_calls, turn, steps, earlier_outputs, truth, truth_outputs,
+                                            step_timeout_s)  # fmt: skip
             carried = tuple(d.key for d in differences if d.key not in own)
             carried_calls = tuple(name for name in check.missing_calls if name not in own_missing)
             check = replace(check, inherited=not own and not own_missing, carried_over=carried, carried_over_calls=carried_calls)
