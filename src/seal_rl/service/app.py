@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -35,6 +38,34 @@ _bearer = HTTPBearer(auto_error=False, description="required when the service wa
 
 def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem} for code in codes}
+
+
+class EscapingJSONResponse(JSONResponse):
+    """JSON that any string a model can produce fits in, lone surrogates included.
+
+    Model text reaches answers (observations, transcripts, error messages echoing a bad field), and
+    a lone surrogate such as ``\\ud83d`` (half an emoji, legal in a JSON string escape) cannot be
+    written as UTF-8: the plain ``JSONResponse`` then fails with a 500, and a trainer never reads
+    the episode's reward. Such answers are written with ``\\uXXXX`` escapes instead (RFC 8259
+    §7), which a JSON parser turns back into the same string; non-finite floats become ``null``, as
+    pydantic already writes them inside free-form fields. Other answers stay compact UTF-8.
+    """
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        except (UnicodeEncodeError, ValueError):
+            return json.dumps(_finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 class _BodyTooLarge(Exception):
@@ -81,7 +112,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     settings = settings if settings is not None else ServiceSettings()
     tasks = tasks if tasks is not None else TaskSet.load()
     pool = EpisodePool(settings.workers, max_episodes=settings.max_episodes, step_timeout=settings.step_timeout,
-                       kill_grace=settings.kill_grace)  # fmt: skip
+                       kill_grace=settings.kill_grace, respawn_backoff=settings.respawn_backoff,
+                       respawn_backoff_max=settings.respawn_backoff_max)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -101,7 +133,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     app = FastAPI(
         title="seal-rl environment service", version=__version__, lifespan=lifespan,
         description="Executable BFCL multi-turn episodes with the strict verifier, SEAL's diagnosis and interface.",
-        generate_unique_id_function=lambda route: route.name,
+        generate_unique_id_function=lambda route: route.name, default_response_class=EscapingJSONResponse,
     )  # fmt: skip
     app.state.pool, app.state.settings = pool, settings
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
@@ -109,14 +141,29 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     @app.exception_handler(EpisodeError)
     async def episode_error(request: Request, exc: EpisodeError) -> JSONResponse:
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+        return EscapingJSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
-    @app.get("/health", response_model=Health, tags=["service"])
-    def health() -> Health:
-        return Health(status="ok", version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
-                      workers_alive=pool.workers_alive, worker_restarts=pool.worker_restarts,
-                      live_episodes=pool.live_episodes,
+    # FastAPI's own handlers answer with the plain JSONResponse; a 422 echoes the offending input.
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return EscapingJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return EscapingJSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/health", response_model=Health, tags=["service"], responses={503: {"model": Health}})
+    def health() -> JSONResponse:
+        """``ok`` (200) with every worker alive; ``degraded`` or, with none, ``unavailable`` (503)
+        while workers are missing: the pool keeps restarting them (``respawn_backoff``)."""
+        alive = pool.workers_alive
+        state = "ok" if alive == settings.workers else "unavailable" if alive == 0 else "degraded"
+        body = Health(status=state, version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
+                      workers_alive=alive, worker_restarts=pool.worker_restarts,
+                      worker_start_failures=pool.worker_start_failures, live_episodes=pool.live_episodes,
                       max_episodes=settings.max_episodes)  # fmt: skip
+        return EscapingJSONResponse(body.model_dump(), status_code=200 if state == "ok" else 503,
+                                    headers=None if state == "ok" else {"Retry-After": "1"})  # fmt: skip
 
     # The bearer scheme is declared (and checked) only when there is a token to check.
     guarded = {"dependencies": [Depends(authorize)], "responses": _problems(401)} if settings.token else {}

@@ -1,0 +1,106 @@
+"""``serve(settings)``: the service under uvicorn, with the limits that keep idle or slow
+connections from exhausting it.
+
+uvicorn on its own holds a connection that never sends a request forever (its keep-alive timeout
+starts only after a first answer), and accepts connections until the process runs out of file
+descriptors; then even ``/health`` cannot connect and asyncio logs a traceback per failed accept.
+Here every connection must send its request headers within ``header_timeout`` seconds
+(:class:`GuardedH11Protocol`), at most ``max_connections`` are open at once (uvicorn's
+``limit_concurrency`` answers 503 at the limit; connections beyond it are closed on accept), the
+file-descriptor limit is checked to fit them, and the log is rate-limited (:mod:`.logs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import resource
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from seal_rl.errors import SealError
+from seal_rl.service.logs import log_config
+from seal_rl.service.settings import ServiceSettings
+
+SPARE_DESCRIPTORS = 64
+"""file descriptors kept free beyond the connections: listening socket, log, imports"""
+DESCRIPTORS_PER_WORKER = 4
+"""a worker's pipe, its process handle and the pipes ``subprocess`` opens while starting it"""
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header timeout and a hard connection cap.
+
+    The header timer starts when the connection opens and again after each answer; if no complete
+    request head has arrived when it rings (nothing sent, or headers trickled a byte at a time),
+    the connection is closed. A connection accepted while ``limit_concurrency`` others are open is
+    closed at once, so it holds no descriptor.
+    """
+
+    def __init__(self, *args, header_timeout: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout = header_timeout
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        # A new request replaces self.cycle: if it is still the same cycle when the timer rings, no
+        # request head arrived in time.
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout, self.cycle)
+
+    def _header_timeout(self, cycle_when_armed) -> None:
+        if self.cycle is cycle_when_armed and not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_config(app, settings: ServiceSettings) -> uvicorn.Config:
+    """The uvicorn configuration of ``seal serve``: the settings' connection limits, timeouts and log."""
+    return uvicorn.Config(
+        app, host=settings.host, port=settings.port, lifespan="on",
+        http=functools.partial(GuardedH11Protocol, header_timeout=settings.header_timeout),
+        limit_concurrency=settings.max_connections, timeout_keep_alive=settings.keep_alive_timeout,
+        log_config=log_config(settings.log_burst, settings.log_interval), log_level="warning",
+    )  # fmt: skip
+
+
+def ensure_descriptors(settings: ServiceSettings) -> int:
+    """Raise this process's open-file limit so ``max_connections`` and the workers fit (up to the
+    hard limit); the soft limit now. A hard limit too low is a one-line error naming the fix."""
+    needed = settings.max_connections + settings.workers * DESCRIPTORS_PER_WORKER + SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise SealError(
+                f"max_connections={settings.max_connections} with {settings.workers} workers needs {needed} open files, "
+                f"but this process may open at most {hard}; lower SEAL_MAX_CONNECTIONS or raise `ulimit -n`."
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        soft = needed
+    return soft
+
+
+def serve(settings: ServiceSettings) -> None:
+    """Run the service until interrupted (``seal serve``)."""
+    from seal_rl.service.app import create_app
+
+    ensure_descriptors(settings)
+    uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()
