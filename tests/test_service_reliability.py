@@ -3,6 +3,7 @@ starting, idle and slow connections, log floods, late repeated steps."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -255,8 +256,11 @@ def test_the_settings_reach_uvicorn():
 
 
 async def _hello(scope, receive, send):
+    """``/slow`` answers after 1 s, everything else at once."""
     if scope["type"] != "http":
         return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(1)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -305,13 +309,36 @@ def test_idle_and_trickling_connections_are_closed_after_the_header_timeout(guar
     assert _closed_within(served, 3)
 
 
-def test_connections_beyond_max_connections_are_closed_at_once(guarded_server):
-    held = [socket.create_connection(guarded_server) for _ in range(4)]
-    time.sleep(0.1)
+def _get(conn: socket.socket, path: str = "/") -> None:
+    conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+
+
+def test_at_max_connections_the_oldest_idle_connection_makes_room(guarded_server):
+    # max_connections=4: three may be open; a fourth evicts the oldest still waiting for headers.
+    idle = []
+    for _ in range(3):
+        idle.append(socket.create_connection(guarded_server))
+        time.sleep(0.05)
+    health = socket.create_connection(guarded_server)
+    _get(health)
+    health.settimeout(3)
+    assert health.recv(4096).startswith(b"HTTP/1.1 200")
+    assert _closed_within(idle[0], 0.3)  # the oldest, well before the header timeout
+    assert not _closed_within(idle[2], 0.05)
+    for conn in [*idle, health]:
+        conn.close()
+
+
+def test_at_max_connections_busy_connections_are_kept_and_the_newcomer_is_closed(guarded_server):
+    busy = [socket.create_connection(guarded_server) for _ in range(3)]
+    for conn in busy:
+        _get(conn, "/slow")
+    time.sleep(0.2)
     extra = socket.create_connection(guarded_server)
-    started = time.monotonic()
-    assert _closed_within(extra, 0.4) and time.monotonic() - started < 0.4  # well before the header timeout
-    for conn in held:
+    assert _closed_within(extra, 0.3)
+    for conn in busy:
+        conn.settimeout(3)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
         conn.close()
 
 

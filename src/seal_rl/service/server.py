@@ -4,9 +4,10 @@ connections from exhausting it.
 uvicorn on its own holds a connection that never sends a request forever (its keep-alive timeout
 starts only after a first answer), and accepts connections until the process runs out of file
 descriptors; then even ``/health`` cannot connect and asyncio logs a traceback per failed accept.
-Here every connection must send its request headers within ``header_timeout`` seconds
-(:class:`GuardedH11Protocol`), at most ``max_connections`` are open at once (uvicorn's
-``limit_concurrency`` answers 503 at the limit; connections beyond it are closed on accept), the
+Here every connection must send its request headers within ``header_timeout`` seconds, and
+fewer than ``max_connections`` stay open: a connection beyond them first evicts the oldest one
+still waiting for request headers (:class:`GuardedH11Protocol`), so idle sockets cannot crowd out
+``/health`` or a trainer; uvicorn's ``limit_concurrency`` answers 503 beyond the limit. The
 file-descriptor limit is checked to fit them, and the log is rate-limited (:mod:`.logs`).
 """
 
@@ -30,24 +31,36 @@ DESCRIPTORS_PER_WORKER = 4
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header timeout and a hard connection cap.
+    """uvicorn's h11 protocol with a header timeout and a connection cap that evicts idle sockets.
 
     The header timer starts when the connection opens and again after each answer; if no complete
     request head has arrived when it rings (nothing sent, or headers trickled a byte at a time),
-    the connection is closed. A connection accepted while ``limit_concurrency`` others are open is
-    closed at once, so it holds no descriptor.
+    the connection is closed. A connection that brings the count to ``limit_concurrency`` (where
+    uvicorn would answer every request 503) closes the oldest connection still waiting for request
+    headers; if every other connection has a request in progress, it is closed itself.
     """
 
     def __init__(self, *args, header_timeout: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
+        self._armed_cycle = None
+        self._opened_at = 0.0
+
+    @property
+    def waiting_for_head(self) -> bool:
+        """No request in progress and none arrived since the header timer was armed."""
+        return self._header_timer is not None and self.cycle is self._armed_cycle and not self.transport.is_closing()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if self.limit_concurrency is not None and len(self.connections) > self.limit_concurrency:
-            transport.close()
-            return
+        self._opened_at = self.loop.time()
+        if self.limit_concurrency is not None and len(self.connections) >= self.limit_concurrency:
+            idle = [c for c in self.connections if c is not self and getattr(c, "waiting_for_head", False)]
+            if not idle:
+                transport.close()
+                return
+            min(idle, key=lambda c: c._opened_at).transport.close()
         self._arm_header_timer()
 
     def on_response_complete(self) -> None:
@@ -65,10 +78,11 @@ class GuardedH11Protocol(H11Protocol):
             self._header_timer.cancel()
         # A new request replaces self.cycle: if it is still the same cycle when the timer rings, no
         # request head arrived in time.
-        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout, self.cycle)
+        self._armed_cycle = self.cycle
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout)
 
-    def _header_timeout(self, cycle_when_armed) -> None:
-        if self.cycle is cycle_when_armed and not self.transport.is_closing():
+    def _header_timeout(self) -> None:
+        if self.waiting_for_head:
             self.transport.close()
 
 

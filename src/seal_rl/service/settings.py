@@ -49,10 +49,11 @@ class ServiceSettings(BaseSettings):
     """seconds before a worker that failed to start is tried again; doubles with each failure in a row"""
     respawn_backoff_max: float = Field(30.0, gt=0)
     """the longest wait between two attempts to start a worker"""
-    max_connections: int = Field(1000, ge=1)
-    """open HTTP connections at once (uvicorn's ``limit_concurrency``): requests beyond it answer 503,
-    connections beyond it are closed as soon as they are accepted, so idle sockets cannot use up the
-    process's file descriptors"""
+    max_connections: int = Field(1000, ge=2)
+    """open HTTP connections at once (uvicorn's ``limit_concurrency``, which answers 503 at it): the
+    connection that reaches it closes the oldest one still waiting for request headers (or itself, when
+    all have requests in progress), so idle sockets can neither use up the process's file descriptors
+    nor crowd out ``/health``"""
     header_timeout: float = Field(10.0, gt=0)
     """seconds a connection may take to send a request's headers (from opening, or from its previous
     answer) before it is closed; uvicorn has no such timeout of its own"""
