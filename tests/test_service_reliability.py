@@ -244,9 +244,10 @@ def test_the_rate_limit_forgets_old_kinds_and_bounds_its_memory():
 
 
 def test_the_settings_reach_uvicorn():
-    settings = ServiceSettings(workers=1, max_connections=77, header_timeout=3.5, keep_alive_timeout=2.5, log_burst=9, log_interval=7)
+    settings = ServiceSettings(workers=1, max_connections=77, backlog=33, header_timeout=3.5, keep_alive_timeout=2.5,
+                               log_burst=9, log_interval=7)  # fmt: skip
     config = uvicorn_config(object(), settings)
-    assert config.limit_concurrency == 77 and config.timeout_keep_alive == 2.5
+    assert config.limit_concurrency == 77 and config.timeout_keep_alive == 2.5 and config.backlog == 33
     assert config.http.func is GuardedH11Protocol and config.http.keywords == {"header_timeout": 3.5}
     logging_config = config.log_config
     assert logging_config["filters"]["rate_limit"] == {"()": "seal_rl.service.logs.RateLimit", "burst": 9, "interval": 7}
@@ -344,8 +345,8 @@ def test_at_max_connections_busy_connections_are_kept_and_the_newcomer_is_closed
 
 def test_too_few_file_descriptors_for_max_connections_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(server_module.resource, "getrlimit", lambda which: (256, 512))
-    with pytest.raises(SealError, match="needs 1072 open files, but this process may open at most 512; lower SEAL_MAX_CONNECTIONS"):
-        ensure_descriptors(ServiceSettings(workers=2, max_connections=1000))
+    with pytest.raises(SealError, match="needs 1328 open files, but this process may open at most 512; lower SEAL_MAX_CONNECTIONS"):
+        ensure_descriptors(ServiceSettings(workers=2, max_connections=1000))  # 1000 + backlog 256 + 2 × 4 + 64
     raised = []
     monkeypatch.setattr(server_module.resource, "setrlimit", lambda which, limits: raised.append(limits))
-    assert ensure_descriptors(ServiceSettings(workers=2, max_connections=300)) == 372 and raised == [(372, 512)]
+    assert ensure_descriptors(ServiceSettings(workers=2, max_connections=300, backlog=100)) == 472 and raised == [(472, 512)]

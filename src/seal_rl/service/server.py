@@ -91,20 +91,23 @@ def uvicorn_config(app, settings: ServiceSettings) -> uvicorn.Config:
     return uvicorn.Config(
         app, host=settings.host, port=settings.port, lifespan="on",
         http=functools.partial(GuardedH11Protocol, header_timeout=settings.header_timeout),
-        limit_concurrency=settings.max_connections, timeout_keep_alive=settings.keep_alive_timeout,
+        limit_concurrency=settings.max_connections, timeout_keep_alive=settings.keep_alive_timeout, backlog=settings.backlog,
         log_config=log_config(settings.log_burst, settings.log_interval), log_level="warning",
     )  # fmt: skip
 
 
 def ensure_descriptors(settings: ServiceSettings) -> int:
-    """Raise this process's open-file limit so ``max_connections`` and the workers fit (up to the
-    hard limit); the soft limit now. A hard limit too low is a one-line error naming the fix."""
-    needed = settings.max_connections + settings.workers * DESCRIPTORS_PER_WORKER + SPARE_DESCRIPTORS
+    """Raise this process's open-file limit so ``max_connections``, a ``backlog`` of connections
+    being accepted and the workers fit (up to the hard limit); the soft limit now. A hard limit too
+    low is a one-line error naming the fix: out of files, asyncio logs a traceback per failed
+    accept and keeps retrying (the 56 MB of log in 11 s of ``bench_attacks_service.py``)."""
+    needed = settings.max_connections + settings.backlog + settings.workers * DESCRIPTORS_PER_WORKER + SPARE_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         if hard != resource.RLIM_INFINITY and hard < needed:
             raise SealError(
-                f"max_connections={settings.max_connections} with {settings.workers} workers needs {needed} open files, "
+                f"max_connections={settings.max_connections} with backlog={settings.backlog} and {settings.workers} workers "
+                f"needs {needed} open files, "
                 f"but this process may open at most {hard}; lower SEAL_MAX_CONNECTIONS or raise `ulimit -n`."
             )
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))

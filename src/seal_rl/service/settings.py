@@ -54,6 +54,10 @@ class ServiceSettings(BaseSettings):
     connection that reaches it closes the oldest one still waiting for request headers (or itself, when
     all have requests in progress), so idle sockets can neither use up the process's file descriptors
     nor crowd out ``/health``"""
+    backlog: int = Field(256, ge=1)
+    """connections the kernel queues before they are accepted (uvicorn's ``backlog``); asyncio also
+    accepts up to this many in one go before any of them can be refused, so it counts toward the
+    open files ``max_connections`` needs"""
     header_timeout: float = Field(10.0, gt=0)
     """seconds a connection may take to send a request's headers (from opening, or from its previous
     answer) before it is closed; uvicorn has no such timeout of its own"""
