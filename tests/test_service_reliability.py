@@ -350,3 +350,16 @@ def test_too_few_file_descriptors_for_max_connections_is_a_one_line_error(monkey
     raised = []
     monkeypatch.setattr(server_module.resource, "setrlimit", lambda which, limits: raised.append(limits))
     assert ensure_descriptors(ServiceSettings(workers=2, max_connections=300, backlog=100)) == 472 and raised == [(472, 512)]
+
+
+def test_every_setting_is_documented_with_its_default():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "service.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in doc.splitlines() if line.startswith("| `")}
+    for name, field in ServiceSettings.model_fields.items():
+        if name in ("host", "port", "workers", "token"):
+            continue  # documented with their flags, defaults in words
+        documented = rows.get(f"SEAL_{name.upper()}") or rows.get(f"--{name.replace('_', '-')}")
+        assert documented is not None, f"SEAL_{name.upper()} is not in docs/service.md"
+        assert float(documented.replace(" MiB", "").replace(",", "")) * (2**20 if "MiB" in documented else 1) == field.default, name
