@@ -15,7 +15,7 @@ import time
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from seal_rl.env import BfclEnv, EnvConfig
@@ -54,6 +54,9 @@ def app_client(task_set):
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], database=None)
 @given(text=model_text)
+@example(text="\ud83d")  # the half emoji
+@example(text="\ud800\udc00")  # a pair as two code units: JSON reads it back as U+10000
+@example(text="a\u2028b\x85c\x00d")
 def test_any_model_text_gets_200s_and_valid_json_through_every_endpoint(app_client, task_set, text):
     created = post(app_client, "/episodes", {"task_id": "multi_turn_base_0"})
     assert created.status_code == 201
@@ -71,16 +74,19 @@ def test_any_model_text_gets_200s_and_valid_json_through_every_endpoint(app_clie
     assert evaluation.status_code == 200, evaluation.content[:300]
     record = strict_json(evaluation)["record"]
     # The round trip keeps what the environment kept: the same transcript as in process, and the
-    # tool arguments exactly as the model wrote them (lone surrogates included).
+    # tool arguments exactly as the model wrote them (lone surrogates included). JSON itself reads a
+    # surrogate pair written as two escapes as one astral character, so "as written" is what
+    # json.loads makes of the escaped text.
+    sent = json.loads(json.dumps(text))
     local = BfclEnv(EnvConfig())
     local.reset(task_set.get("multi_turn_base_0"))
     for message in messages:
         if not local.done:
-            local.step(message)
+            local.step(json.loads(json.dumps(message)))
     if not local.done:
         local.truncate("client_stop")
     assert record["messages"] == json.loads(json.dumps(local.record()["messages"]))
-    assert [(call["name"], call["arguments"]) for call in record["trace"]] == [("cd", {"folder": text}), ("mkdir", {"dir_name": text})]
+    assert [(call["name"], call["arguments"]) for call in record["trace"]] == [("cd", {"folder": sent}), ("mkdir", {"dir_name": sent})]
     assert app_client.delete(f"/episodes/{episode_id}").status_code == 200
     # Errors that echo the input (unknown task id, an invalid field) are valid JSON too.
     for body in ({"task_id": text[:100]}, {"task_id": text * 200}, {"task_id": "multi_turn_base_0", "call_format": text}):

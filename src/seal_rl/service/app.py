@@ -8,6 +8,7 @@ run in worker processes by :class:`~seal_rl.service.workers.EpisodePool`. The Op
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import secrets
@@ -17,7 +18,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import PydanticSerializationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from seal_rl import __version__
@@ -56,6 +59,22 @@ class EscapingJSONResponse(JSONResponse):
             return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
         except (UnicodeEncodeError, ValueError):
             return json.dumps(_finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _answer(model: type[BaseModel], content: dict[str, Any], status_code: int = 200) -> Response:
+    """``content`` validated as ``model`` and written by pydantic's fast JSON path, or, when it holds a
+    lone surrogate that path cannot write, by :class:`EscapingJSONResponse`."""
+    adapter = _adapter(model)
+    value = adapter.validate_python(content)
+    try:
+        return Response(adapter.dump_json(value), status_code, media_type="application/json")
+    except PydanticSerializationError:
+        return EscapingJSONResponse(adapter.dump_python(value, mode="json"), status_code)
+
+
+@functools.cache
+def _adapter(model: type[BaseModel]) -> TypeAdapter:
+    return TypeAdapter(model)
 
 
 def _finite(value: Any) -> Any:
@@ -178,7 +197,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     episodes = APIRouter(prefix="/episodes", tags=["episodes"], **guarded)
 
     @episodes.post("", response_model=EpisodePublic, status_code=201, responses=_problems(404, 409, 429, 503))
-    async def create_episode(body: EpisodeCreate) -> dict[str, Any]:
+    async def create_episode(body: EpisodeCreate) -> Response:
         """Open an episode: the first observation and the tool specs."""
         if body.task_id not in tasks:
             raise EpisodeError("not_found", f"Unknown task id {body.task_id!r}; GET /tasks lists them.")
@@ -187,17 +206,17 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         state = (InterfaceState.initial(body.interface).to_json() if isinstance(body.interface, str)
                  else body.interface.model_dump())  # fmt: skip
         spec = {**body.model_dump(exclude={"episode_id"}), "interface": state}
-        return await pool.create(body.episode_id or secrets.token_urlsafe(16), spec)
+        return _answer(EpisodePublic, await pool.create(body.episode_id or secrets.token_urlsafe(16), spec), 201)
 
     @episodes.post("/{episode_id}/step", response_model=StepResponse, responses=_problems(404, 409, 410))
-    async def step_episode(episode_id: EpisodeId, body: StepRequest) -> dict[str, Any]:
+    async def step_episode(episode_id: EpisodeId, body: StepRequest) -> Response:
         """Feed one assistant message; the observation, reward and end flags (Gymnasium's step)."""
-        return await pool.step(episode_id, body.model_dump())
+        return _answer(StepResponse, await pool.step(episode_id, body.model_dump()))
 
     @episodes.post("/{episode_id}/evaluate", response_model=Evaluation, responses=_problems(404, 409, 410))
-    async def evaluate_episode(episode_id: EpisodeId, body: EvaluateRequest | None = None) -> dict[str, Any]:
+    async def evaluate_episode(episode_id: EpisodeId, body: EvaluateRequest | None = None) -> Response:
         """The verifier's reward and per-turn labels with evidence; ends a running episode first."""
-        return await pool.evaluate(episode_id, (body or EvaluateRequest()).model_dump())
+        return _answer(Evaluation, await pool.evaluate(episode_id, (body or EvaluateRequest()).model_dump()))
 
     @episodes.delete("/{episode_id}", response_model=Released, responses=_problems(404, 409, 410))
     async def release_episode(episode_id: EpisodeId) -> Released:
