@@ -369,3 +369,18 @@ def test_every_setting_is_documented_with_its_default():
         documented = rows.get(f"SEAL_{name.upper()}") or rows.get(f"--{name.replace('_', '-')}")
         assert documented is not None, f"SEAL_{name.upper()} is not in docs/service.md"
         assert float(documented.replace(" MiB", "").replace(",", "")) * (2**20 if "MiB" in documented else 1) == field.default, name
+
+
+def test_seal_serve_with_too_few_files_is_one_error_line_and_exit_code_2(monkeypatch, capsys):
+    import sys
+
+    from seal_rl import cli
+
+    monkeypatch.setattr(server_module.resource, "getrlimit", lambda which: (256, 512))
+    monkeypatch.setenv("SEAL_MAX_CONNECTIONS", "1000")
+    monkeypatch.setattr(sys, "argv", ["seal", "serve", "--port", "0"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "lower SEAL_MAX_CONNECTIONS or raise `ulimit -n`" in err
+    assert len(err.strip().splitlines()) == 1

@@ -383,7 +383,7 @@ def serve_command(
 
     from pydantic import ValidationError
 
-    from seal_rl.service.server import serve
+    from seal_rl.service.server import ensure_descriptors, serve
     from seal_rl.service.settings import ServiceSettings
 
     given = {"host": host, "port": port, "workers": workers, "token": token, "max_episodes": max_episodes,
@@ -397,6 +397,7 @@ def serve_command(
             pass
     except OSError as exc:
         raise SealError(f"Cannot listen on {settings.host}:{settings.port} ({exc.strerror}); choose another --port.") from None
+    ensure_descriptors(settings)
     err.print(f"seal serve: {settings.workers} workers on http://{settings.host}:{settings.port} (API docs at /docs)")
     serve(settings)
 
