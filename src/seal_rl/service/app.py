@@ -19,9 +19,9 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
