@@ -316,6 +316,18 @@ def test_idle_and_trickling_connections_are_closed_after_the_header_timeout(guar
     assert _closed_within(served, 3)
 
 
+def test_a_pipelined_slow_request_is_not_cut_by_the_header_timeout(guarded_server):
+    # header_timeout=0.5, /slow takes 1 s; the second request starts as the first answer completes.
+    conn = socket.create_connection(guarded_server)
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.settimeout(3)
+    received = b""
+    while received.count(b"HTTP/1.1 200") < 2 and (chunk := conn.recv(4096)):
+        received += chunk
+    assert received.count(b"HTTP/1.1 200") == 2
+    conn.close()
+
+
 def _get(conn: socket.socket, path: str = "/") -> None:
     conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
 

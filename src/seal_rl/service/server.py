@@ -49,8 +49,10 @@ class GuardedH11Protocol(H11Protocol):
 
     @property
     def waiting_for_head(self) -> bool:
-        """No request in progress and none arrived since the header timer was armed."""
-        return self._header_timer is not None and self.cycle is self._armed_cycle and not self.transport.is_closing()
+        """No request in progress and none arrived since the header timer was armed (a pipelined
+        request that started inside ``on_response_complete`` is in progress, not waiting)."""
+        in_progress = self.cycle is not None and not self.cycle.response_complete
+        return self._header_timer is not None and self.cycle is self._armed_cycle and not in_progress and not self.transport.is_closing()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
