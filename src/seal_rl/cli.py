@@ -419,10 +419,9 @@ def serve_command(
     """
     import socket
 
-    import uvicorn
     from pydantic import ValidationError
 
-    from seal_rl.service.app import create_app
+    from seal_rl.service.server import ensure_descriptors, serve
     from seal_rl.service.settings import ServiceSettings
 
     given = {"host": host, "port": port, "workers": workers, "token": token, "max_episodes": max_episodes,
@@ -436,8 +435,9 @@ def serve_command(
             pass
     except OSError as exc:
         raise SealError(f"Cannot listen on {settings.host}:{settings.port} ({exc.strerror}); choose another --port.") from None
+    ensure_descriptors(settings)
     err.print(f"seal serve: {settings.workers} workers on http://{settings.host}:{settings.port} (API docs at /docs)")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    serve(settings)
 
 
 def entry() -> None:

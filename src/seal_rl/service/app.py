@@ -8,14 +8,20 @@ run in worker processes by :class:`~seal_rl.service.workers.EpisodePool`. The Op
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
 import secrets
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import PydanticSerializationError
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
@@ -35,6 +41,50 @@ _bearer = HTTPBearer(auto_error=False, description="required when the service wa
 
 def _problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem} for code in codes}
+
+
+class EscapingJSONResponse(JSONResponse):
+    """JSON that any string a model can produce fits in, lone surrogates included.
+
+    Model text reaches answers (observations, transcripts, error messages echoing a bad field), and
+    a lone surrogate such as ``\\ud83d`` (half an emoji, legal in a JSON string escape) cannot be
+    written as UTF-8: the plain ``JSONResponse`` then fails with a 500, and a trainer never reads
+    the episode's reward. Such answers are written with ``\\uXXXX`` escapes instead (RFC 8259
+    §7), which a JSON parser turns back into the same string; non-finite floats become ``null``, as
+    pydantic already writes them inside free-form fields. Other answers stay compact UTF-8.
+    """
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        except (UnicodeEncodeError, ValueError):
+            return json.dumps(_finite(content), ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _answer(model: type[BaseModel], content: dict[str, Any], status_code: int = 200) -> Response:
+    """``content`` validated as ``model`` and written by pydantic's fast JSON path, or, when it holds a
+    lone surrogate that path cannot write, by :class:`EscapingJSONResponse`."""
+    adapter = _adapter(model)
+    value = adapter.validate_python(content)
+    try:
+        return Response(adapter.dump_json(value), status_code, media_type="application/json")
+    except PydanticSerializationError:
+        return EscapingJSONResponse(adapter.dump_python(value, mode="json"), status_code)
+
+
+@functools.cache
+def _adapter(model: type[BaseModel]) -> TypeAdapter:
+    return TypeAdapter(model)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 class _BodyTooLarge(Exception):
@@ -81,7 +131,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     settings = settings if settings is not None else ServiceSettings()
     tasks = tasks if tasks is not None else TaskSet.load()
     pool = EpisodePool(settings.workers, max_episodes=settings.max_episodes, step_timeout=settings.step_timeout,
-                       kill_grace=settings.kill_grace)  # fmt: skip
+                       kill_grace=settings.kill_grace, respawn_backoff=settings.respawn_backoff,
+                       respawn_backoff_max=settings.respawn_backoff_max)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -101,7 +152,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     app = FastAPI(
         title="seal-rl environment service", version=__version__, lifespan=lifespan,
         description="Executable BFCL multi-turn episodes with the strict verifier, SEAL's diagnosis and interface.",
-        generate_unique_id_function=lambda route: route.name,
+        generate_unique_id_function=lambda route: route.name, default_response_class=EscapingJSONResponse,
     )  # fmt: skip
     app.state.pool, app.state.settings = pool, settings
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
@@ -109,14 +160,29 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     @app.exception_handler(EpisodeError)
     async def episode_error(request: Request, exc: EpisodeError) -> JSONResponse:
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+        return EscapingJSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
 
-    @app.get("/health", response_model=Health, tags=["service"])
-    def health() -> Health:
-        return Health(status="ok", version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
-                      workers_alive=pool.workers_alive, worker_restarts=pool.worker_restarts,
-                      live_episodes=pool.live_episodes,
+    # FastAPI's own handlers answer with the plain JSONResponse; a 422 echoes the offending input.
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return EscapingJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return EscapingJSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/health", response_model=Health, tags=["service"], responses={503: {"model": Health}})
+    def health() -> JSONResponse:
+        """``ok`` (200) with every worker alive; ``degraded`` or, with none, ``unavailable`` (503)
+        while workers are missing: the pool keeps restarting them (``respawn_backoff``)."""
+        alive = pool.workers_alive
+        state = "ok" if alive == settings.workers else "unavailable" if alive == 0 else "degraded"
+        body = Health(status=state, version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
+                      workers_alive=alive, worker_restarts=pool.worker_restarts,
+                      worker_start_failures=pool.worker_start_failures, live_episodes=pool.live_episodes,
                       max_episodes=settings.max_episodes)  # fmt: skip
+        return EscapingJSONResponse(body.model_dump(), status_code=200 if state == "ok" else 503,
+                                    headers=None if state == "ok" else {"Retry-After": "1"})  # fmt: skip
 
     # The bearer scheme is declared (and checked) only when there is a token to check.
     guarded = {"dependencies": [Depends(authorize)], "responses": _problems(401)} if settings.token else {}
@@ -131,7 +197,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     episodes = APIRouter(prefix="/episodes", tags=["episodes"], **guarded)
 
     @episodes.post("", response_model=EpisodePublic, status_code=201, responses=_problems(404, 409, 429, 503))
-    async def create_episode(body: EpisodeCreate) -> dict[str, Any]:
+    async def create_episode(body: EpisodeCreate) -> Response:
         """Open an episode: the first observation and the tool specs."""
         if body.task_id not in tasks:
             raise EpisodeError("not_found", f"Unknown task id {body.task_id!r}; GET /tasks lists them.")
@@ -140,17 +206,17 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         state = (InterfaceState.initial(body.interface).to_json() if isinstance(body.interface, str)
                  else body.interface.model_dump())  # fmt: skip
         spec = {**body.model_dump(exclude={"episode_id"}), "interface": state}
-        return await pool.create(body.episode_id or secrets.token_urlsafe(16), spec)
+        return _answer(EpisodePublic, await pool.create(body.episode_id or secrets.token_urlsafe(16), spec), 201)
 
     @episodes.post("/{episode_id}/step", response_model=StepResponse, responses=_problems(404, 409, 410))
-    async def step_episode(episode_id: EpisodeId, body: StepRequest) -> dict[str, Any]:
+    async def step_episode(episode_id: EpisodeId, body: StepRequest) -> Response:
         """Feed one assistant message; the observation, reward and end flags (Gymnasium's step)."""
-        return await pool.step(episode_id, body.model_dump())
+        return _answer(StepResponse, await pool.step(episode_id, body.model_dump()))
 
     @episodes.post("/{episode_id}/evaluate", response_model=Evaluation, responses=_problems(404, 409, 410))
-    async def evaluate_episode(episode_id: EpisodeId, body: EvaluateRequest | None = None) -> dict[str, Any]:
+    async def evaluate_episode(episode_id: EpisodeId, body: EvaluateRequest | None = None) -> Response:
         """The verifier's reward and per-turn labels with evidence; ends a running episode first."""
-        return await pool.evaluate(episode_id, (body or EvaluateRequest()).model_dump())
+        return _answer(Evaluation, await pool.evaluate(episode_id, (body or EvaluateRequest()).model_dump()))
 
     @episodes.delete("/{episode_id}", response_model=Released, responses=_problems(404, 409, 410))
     async def release_episode(episode_id: EpisodeId) -> Released:

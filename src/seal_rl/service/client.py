@@ -49,6 +49,8 @@ class _Call:
     """False: retried only when it certainly did not run (no connection, 429/503)"""
     gone_is_done: bool = False
     """a 410 on a retry means the first attempt succeeded (release)"""
+    answers: frozenset[int] = frozenset()
+    """error statuses whose body is the answer, returned rather than raised or retried (``/health``'s 503)"""
 
 
 class _Endpoints:
@@ -86,7 +88,7 @@ class _Endpoints:
 
     def _retry_after(self, call: _Call, attempt: int, response: httpx.Response | None, error: Exception | None) -> float | None:
         """Seconds to wait before the next attempt, or None to stop."""
-        if attempt >= self.retries:
+        if attempt >= self.retries or (response is not None and response.status_code in call.answers):
             return None
         if error is not None:
             if not (call.idempotent or isinstance(error, httpx.ConnectError)):
@@ -105,11 +107,17 @@ class _Endpoints:
             return {"released": True}
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail")
+                body = response.json()
+                if response.status_code in call.answers and isinstance(body, dict) and "detail" not in body:
+                    return body
+                detail = body.get("detail") if isinstance(body, dict) else body
             except ValueError:
                 detail = response.text[:500]
             raise ServiceError(f"{call.method} {call.path} -> {response.status_code}: {detail}", response.status_code)
         return response.json()
+
+
+_HEALTH = _Call("GET", "/health", answers=frozenset({503}))
 
 
 def _body(call: _Call) -> dict[str, Any]:
@@ -143,7 +151,8 @@ class Client(_Endpoints):
             attempt += 1
 
     def health(self) -> dict[str, Any]:
-        return self._send(_Call("GET", "/health"))
+        """The service's state; ``status`` is ``ok``, ``degraded`` or ``unavailable`` (answered with 503)."""
+        return self._send(_HEALTH)
 
     def tasks(self, split: str = "test", category: list[str] | None = None) -> list[dict[str, Any]]:
         return self._send(self._tasks(split, category))["tasks"]
@@ -209,7 +218,7 @@ class AsyncClient(_Endpoints):
             attempt += 1
 
     async def health(self) -> dict[str, Any]:
-        return await self._send(_Call("GET", "/health"))
+        return await self._send(_HEALTH)
 
     async def tasks(self, split: str = "test", category: list[str] | None = None) -> list[dict[str, Any]]:
         return (await self._send(self._tasks(split, category)))["tasks"]

@@ -27,12 +27,16 @@ class Problem(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    """``ok`` (HTTP 200): every worker is up; ``degraded``: some are missing, ``unavailable``: none is
+    (both HTTP 503; missing workers are being restarted)."""
+
+    status: Literal["ok", "degraded", "unavailable"]
     version: str
     bfcl_eval: str
     workers: int
     workers_alive: int
     worker_restarts: int = Field(description="worker processes replaced since start (crashed or stuck)")
+    worker_start_failures: int = Field(description="attempts to start a worker process that failed (each is retried with backoff)")
     live_episodes: int
     max_episodes: int
 

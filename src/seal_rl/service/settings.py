@@ -45,6 +45,29 @@ class ServiceSettings(BaseSettings):
     """larger request bodies answer 413"""
     max_model_calls_limit: int = Field(200, ge=1)
     """the largest ``max_model_calls`` an episode may ask for"""
+    respawn_backoff: float = Field(0.5, gt=0)
+    """seconds before a worker that failed to start is tried again; doubles with each failure in a row"""
+    respawn_backoff_max: float = Field(30.0, gt=0)
+    """the longest wait between two attempts to start a worker"""
+    max_connections: int = Field(1000, ge=2)
+    """open HTTP connections at once (uvicorn's ``limit_concurrency``, which answers 503 at it): the
+    connection that reaches it closes the oldest one still waiting for request headers (or itself, when
+    all have requests in progress), so idle sockets can neither use up the process's file descriptors
+    nor crowd out ``/health``"""
+    backlog: int = Field(256, ge=1)
+    """connections the kernel queues before they are accepted (uvicorn's ``backlog``); asyncio also
+    accepts up to this many in one go before any of them can be refused, so it counts toward the
+    open files ``max_connections`` needs"""
+    header_timeout: float = Field(10.0, gt=0)
+    """seconds a connection may take to send a request's headers (from opening, or from its previous
+    answer) before it is closed; uvicorn has no such timeout of its own"""
+    keep_alive_timeout: float = Field(5.0, gt=0)
+    """seconds an idle keep-alive connection is kept open after an answer (uvicorn's ``timeout_keep_alive``)"""
+    log_burst: int = Field(20, ge=1)
+    """log lines of one kind (same logger, level and message template) written per ``log_interval``;
+    further ones are dropped, and their count is written with the next line of that kind"""
+    log_interval: float = Field(60.0, gt=0)
+    """seconds of the log rate limit's window"""
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> ServiceSettings:

@@ -11,6 +11,9 @@ Failures stay local and are reported, never hidden:
   episode fails, the others on the worker go on;
 * a worker that still does not answer ``kill_grace`` seconds later (stuck in C code), or that
   dies, is replaced; the episodes it held fail with a message that says so; the pool keeps serving;
+* a replacement that fails to start (killed while importing, out of memory) is tried again after
+  ``respawn_backoff`` seconds, doubling up to ``respawn_backoff_max``, for as long as the pool
+  runs; meanwhile requests for its slot answer 503 and ``workers_alive`` counts it out;
 * failed, released and idle-expired episodes are remembered (bounded), so a later request for one
   is told what happened to it (410) rather than "not found".
 """
@@ -128,11 +131,15 @@ class _Episodes:
         return opening
 
     def step(self, episode_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Play one message. A repeated ``step`` index is answered as the first time, unless the episode
+        has ended since (``evaluate`` stopped it): then its old ``done: false`` would be untrue, and
+        it answers 409 like any step after the end."""
         live = self._get(episode_id)
         env, index = live.env, payload.get("step")
         if index is not None and live.last_step is not None and index == live.last_step[0]:
-            return live.last_step[1]  # a retried request: answer as the first time
-        if index is not None and index != env.model_calls:
+            if live.last_step[1]["done"] or not env.done:
+                return live.last_step[1]  # a retried request: answer as the first time
+        elif index is not None and index != env.model_calls and not env.done:
             raise EpisodeError("conflict", f"Episode {episode_id} expects step {env.model_calls}, got step {index}.")
         if env.done:
             raise EpisodeError("conflict", f"Episode {episode_id} has ended ({env.end_reason}); POST .../evaluate for its result.")
@@ -230,8 +237,12 @@ class _Worker:
     """episodes the process holds"""
     ready: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
-    """why the process could not be started (then every job is refused with 503)"""
+    """why the process could not be started (then every job is refused with 503 until a retry succeeds)"""
     restarts: int = 0
+    start_failures: int = 0
+    failures_in_a_row: int = 0
+    retry_at: float = 0.0
+    """monotonic time of the next attempt to start a process, while ``error`` is set"""
 
     @property
     def alive(self) -> bool:
@@ -241,8 +252,10 @@ class _Worker:
 class EpisodePool:
     """Live episodes spread over worker processes; every method is called from the event loop."""
 
-    def __init__(self, workers: int, *, max_episodes: int, step_timeout: float, kill_grace: float) -> None:
+    def __init__(self, workers: int, *, max_episodes: int, step_timeout: float, kill_grace: float,
+                 respawn_backoff: float = 0.5, respawn_backoff_max: float = 30.0) -> None:  # fmt: skip
         self.max_episodes, self.step_timeout, self.kill_grace = max_episodes, step_timeout, kill_grace
+        self.respawn_backoff, self.respawn_backoff_max = respawn_backoff, respawn_backoff_max
         self._workers = [_Worker(slot) for slot in range(workers)]
         self._entries: dict[str, _Entry] = {}
         self._gone: OrderedDict[str, str] = OrderedDict()
@@ -285,6 +298,10 @@ class EpisodePool:
     @property
     def worker_restarts(self) -> int:
         return sum(w.restarts for w in self._workers)
+
+    @property
+    def worker_start_failures(self) -> int:
+        return sum(w.start_failures for w in self._workers)
 
     def worker_pids(self) -> list[int | None]:
         return [w.process.pid if w.process is not None else None for w in self._workers]
@@ -396,11 +413,17 @@ class EpisodePool:
     def _serve(self, worker: _Worker) -> None:
         self._spawn(worker)
         while True:
-            try:
-                job = worker.jobs.get(timeout=0.5)
-            except queue.Empty:
-                if not self._closing and worker.error is None and not worker.alive:
+            # Checked before every job too: a dead slot still gets jobs (answered 503), and a queue
+            # that is never empty must not keep it from being restarted.
+            if not self._closing:
+                if worker.error is None and not worker.alive:
                     self._replace(worker, f"its worker process died (exit code {worker.process.returncode})")
+                elif worker.error is not None and time.monotonic() >= worker.retry_at:
+                    self._spawn(worker)
+            wait = 0.5 if worker.error is None else min(0.5, max(0.01, worker.retry_at - time.monotonic()))
+            try:
+                job = worker.jobs.get(timeout=wait)
+            except queue.Empty:
                 continue
             if job is None:
                 self._stop(worker)
@@ -437,29 +460,43 @@ class EpisodePool:
         job.loop.call_soon_threadsafe(_resolve, job.future, answer)
 
     def _spawn(self, worker: _Worker) -> None:
-        """Start a worker process in ``worker``'s slot; on failure record why (jobs then get 503)."""
-        parent, child = socket.socketpair()
+        """Start a worker process in ``worker``'s slot; on failure record why (jobs then get 503) and
+        when to try again (exponential backoff: ``respawn_backoff`` × 2^(failures in a row − 1))."""
+        try:
+            parent, child = socket.socketpair()
+        except OSError as exc:  # out of file descriptors
+            return self._failed_start(worker, f"cannot make its pipe: {exc}")
         try:
             process = subprocess.Popen(
                 [sys.executable, "-m", "seal_rl.service.workers", str(child.fileno()), repr(self.step_timeout)],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
             )  # fmt: skip
         except OSError as exc:
-            worker.error = f"cannot start {sys.executable}: {exc}"
-            return
+            parent.close()
+            return self._failed_start(worker, f"cannot start {sys.executable}: {exc}")
         finally:
             child.close()
+        if worker.conn is not None:
+            worker.conn.close()
         worker.process, worker.conn = process, Connection(parent.detach())
         try:
             if worker.conn.poll(READY_TIMEOUT) and worker.conn.recv() == ("ok", "ready"):
-                worker.error = None
+                worker.error, worker.failures_in_a_row = None, 0
                 worker.ready.set()
                 return
-            worker.error = f"the process did not get ready within {READY_TIMEOUT:g} s"
+            why = f"the process did not get ready within {READY_TIMEOUT:g} s"
         except (EOFError, OSError):
-            worker.error = f"the process exited while starting (exit code {_wait(process)}); run `python -m seal_rl.service.workers` to see why"
+            why = f"the process exited while starting (exit code {_wait(process)}); run `python -m seal_rl.service.workers` to see why"
         process.kill()
         _wait(process)
+        self._failed_start(worker, why)
+
+    def _failed_start(self, worker: _Worker, why: str) -> None:
+        worker.error = why
+        worker.start_failures += 1
+        worker.failures_in_a_row += 1
+        delay = min(self.respawn_backoff * 2 ** (worker.failures_in_a_row - 1), self.respawn_backoff_max)
+        worker.retry_at = time.monotonic() + delay
 
     def _replace(self, worker: _Worker, why: str) -> None:
         """Fail the dead worker's episodes with ``why`` and start a fresh process in its slot."""
