@@ -110,6 +110,23 @@ def test_a_remote_episode_equals_the_in_process_episode(client, task_set):
         assert client.release(episode_id) == {"episode_id": episode_id, "released": True}
 
 
+def test_the_bfcl_protocol_over_http_equals_the_in_process_episode(client, task_set):
+    task = task_set.get("multi_turn_miss_func_49")  # the bfcl protocol executes a held-out tool by name
+    messages = ["<tool_call>\n{broken\n</tool_call>", *transcript(task)[2:]]
+    episode = client.create(task.id, protocol="bfcl")
+    local = BfclEnv(EnvConfig(protocol="bfcl"))
+    assert episode["observation"] == local.reset(task)[0]
+    for i, message in enumerate(messages):
+        if local.done:
+            break
+        reply = client.step(episode["episode_id"], message, step=i)
+        observation, reward, *_ = local.step(message)
+        assert reply["observation"] == observation and reply["reward"] == reward
+    assert "[ERROR]" not in json.dumps(local.messages)  # undecodable: the turn ended silently
+    assert client.evaluate(episode["episode_id"])["reward"] == local.verdict.reward
+    client.release(episode["episode_id"])
+
+
 def test_the_episode_driver_plays_remote_environments_transparently(server, client, task_set):
     tasks = [task_set.get(t) for t in SAMPLE * 2]
     items = [(i, task, {}) for i, task in enumerate(tasks, start=1)]

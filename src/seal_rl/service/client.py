@@ -267,8 +267,8 @@ class RemoteEnv:
     def reset(self, task: Task | str, *, seed: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         self.close()
         opened = self.client.create(
-            task if isinstance(task, str) else task.id, call_format=self.config.call_format,
-            prompt_mode=self.config.prompt_mode, interface=self.interface, mode="train" if self.training else "eval",
+            task if isinstance(task, str) else task.id, protocol=self.config.protocol, call_format=self.config.call_format,
+            prompt_mode=self.config.prompt_mode, max_steps_per_turn=self.config.max_steps_per_turn, interface=self.interface, mode="train" if self.training else "eval",
             max_model_calls=self.config.max_model_calls, max_message_chars=self.config.max_message_chars,
         )  # fmt: skip
         self.episode_id, self.tools = opened["episode_id"], opened["tools"]

@@ -79,6 +79,9 @@ class EpisodeCreate(BaseModel):
         None, pattern=EPISODE_ID,
         description="choose the id yourself to make creation safe to retry: the same request again returns the same episode",
     )  # fmt: skip
+    protocol: Literal["seal", "bfcl"] = Field(
+        "seal", description="seal: the released SEAL code's loop (training); bfcl: the official bfcl generate loop"
+    )
     call_format: CallFormat = "hermes"
     prompt_mode: PromptMode = "bfcl_qwen_fc"
     interface: Preset | InterfaceStateModel = Field(
@@ -87,7 +90,8 @@ class EpisodeCreate(BaseModel):
     mode: Literal["train", "eval"] = Field(
         "eval", description="eval renders the base interface whatever the state (strict protocol); train shows Ω"
     )
-    max_model_calls: int = Field(20, ge=1, description="model messages before the episode is truncated (reference: 20)")
+    max_model_calls: int = Field(20, ge=1, description="seal protocol: model messages before the episode is truncated (reference: 20)")
+    max_steps_per_turn: int = Field(20, ge=1, le=200, description="bfcl protocol: executing steps per user turn before force-termination")
     max_message_chars: int = Field(100_000, ge=1, le=1_000_000, description="longer messages are rejected unparsed")
 
 

@@ -113,10 +113,12 @@ class _Episodes:
                 raise EpisodeError("conflict", f"Episode {episode_id} already exists with other settings or has started; choose another episode_id.")
             return live.opening
         try:
-            config = EnvConfig(spec["call_format"], spec["prompt_mode"], spec["max_model_calls"], spec["max_message_chars"])
+            config = EnvConfig(protocol=spec["protocol"], call_format=spec["call_format"], prompt_mode=spec["prompt_mode"],
+                               max_model_calls=spec["max_model_calls"], max_steps_per_turn=spec["max_steps_per_turn"],
+                               max_message_chars=spec["max_message_chars"])  # fmt: skip
             state = InterfaceState.from_json(spec["interface"])
             interface = Interface(config.prompt_mode, state, call_format=config.call_format,
-                                  training=spec["mode"] == "train", catalog=self.catalog)  # fmt: skip
+                                  training=spec["mode"] == "train", catalog=self.catalog, protocol=config.protocol)  # fmt: skip
             task = self.tasks.get(spec["task_id"])
         except (SealError, TypeError, ValueError) as exc:
             raise EpisodeError("invalid", str(exc)) from None
