@@ -195,8 +195,8 @@ def build_samples(
     for source in sources:
         episodes = source_episodes(source, tasks, task_set, env_config.call_format)
         for preset in interfaces:
-            interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset),
-                                  call_format=env_config.call_format, catalog=catalog)  # fmt: skip
+            interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset), call_format=env_config.call_format,
+                                  catalog=catalog, protocol=env_config.protocol)  # fmt: skip
             # Fresh agents for every rendering: scripted agents are consumed as they play.
             agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
             rollouts = run_episodes(

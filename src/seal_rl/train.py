@@ -392,7 +392,7 @@ class SealLoop:
         self.state.round += 1
         round_index = self.state.round
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
-                              catalog=self.catalog)  # fmt: skip
+                              catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
         generator = self._generator(trainer)
         chat = ChatTokens(trainer.processing_class)
         episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
