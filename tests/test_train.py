@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from seal_rl.env import EnvConfig
 import torch
 
 from seal_rl.errors import SealError
@@ -93,7 +95,7 @@ def test_shipped_recipes_are_valid(config):
     cpu = "-cpu" in config.name  # CPU recipes build their own tiny model and run in one process
     recipe = load_recipe(config, [] if cpu else ["model.path=/models/any"])
     batch_layout(recipe, 1 if cpu else 4)
-    assert recipe.env.protocol == "seal"  # recipes train under the released SEAL code's loop, as the paper did
+    assert EnvConfig(**recipe.env).protocol == "seal"  # recipes train under the released SEAL code's loop, as the paper did
 
 
 def test_paper_recipe_layout():
