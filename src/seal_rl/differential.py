@@ -25,6 +25,7 @@ import random
 import re
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -51,14 +52,21 @@ def fresh_official_backends() -> Iterator[None]:
 
 def official_check(task: Task, calls_by_turn: Sequence[Sequence[Sequence[ToolCall]]]) -> dict[str, Any]:
     """The official ``multi_turn_checker`` result for these accepted calls (``{"valid": bool, ...}``)."""
-    checker = import_bfcl("eval_checker.multi_turn_eval.multi_turn_checker")
-    utils = sys.modules["bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"]
     decoded = [
         [[python_call_string(call) for call in step] for step in (calls_by_turn[t] if t < len(calls_by_turn) else ()) if step]
         for t in range(task.num_turns)
     ]
+    return official_checker(task, decoded)
+
+
+def official_checker(task: Task, decoded: list[list[list[str]]]) -> dict[str, Any]:
+    """The official ``multi_turn_checker`` on call strings (per turn, per step), run as a fresh
+    official process would: fresh backend modules, a unique model name, its instances freed after."""
+    checker = import_bfcl("eval_checker.multi_turn_eval.multi_turn_checker")
+    utils = sys.modules["bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"]
     model_name = f"seal_differential_{uuid.uuid4().hex}"
-    with fresh_official_backends():
+    with fresh_official_backends(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # the official executor eval()s e.g. "5()"
         try:
             result = checker.multi_turn_checker(
                 decoded, [list(turn) for turn in task.ground_truth], task.bfcl_entry(),

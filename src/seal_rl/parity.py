@@ -24,13 +24,11 @@ from __future__ import annotations
 import json
 import random
 import re
-import uuid
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from seal_rl.bfcl import import_bfcl
-from seal_rl.differential import fresh_official_backends, perturbed_steps
+from seal_rl.differential import official_checker, perturbed_steps
 from seal_rl.faults import oracle_transcript
 from seal_rl.tasks import Task
 from seal_rl.tools import ToolCall, get_format, python_call_string
@@ -129,7 +127,6 @@ def official_verdict(task: Task, result: Any, decoder: str) -> dict[str, Any]:
         return {"valid": False, "error_type": "multi_turn:inference_error"}
     if len(result) != task.num_turns:
         return {"valid": False, "error_type": "multi_turn:force_terminated"}
-    checker = import_bfcl("eval_checker.multi_turn_eval.multi_turn_checker")
     utils = import_bfcl("eval_checker.multi_turn_eval.multi_turn_utils")
     decode_execute = official_decoder(decoder)
     decoded = []
@@ -144,18 +141,7 @@ def official_verdict(task: Task, result: Any, decoder: str) -> dict[str, Any]:
             except Exception:
                 continue
         decoded.append(steps)
-    model_name = f"seal_parity_{uuid.uuid4().hex}"
-    with fresh_official_backends(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)  # the official executor eval()s e.g. "5()"
-        try:
-            verdict = checker.multi_turn_checker(
-                decoded, [list(turn) for turn in task.ground_truth], task.bfcl_entry(),
-                f"multi_turn_{task.category}", model_name,
-            )  # fmt: skip
-        finally:
-            for name in [name for name in vars(utils) if model_name in name]:
-                delattr(utils, name)  # the official executor never frees its instances
-    return verdict
+    return official_checker(task, decoded)
 
 
 # -- result entries ---------------------------------------------------------------------------
