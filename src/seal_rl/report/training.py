@@ -1,0 +1,485 @@
+"""The training report: what a SEAL run did, round by round.
+
+* a warning at the top when the run had no learning signal (every group's rewards identical, so
+  every GRPO advantage and the loss were 0);
+* rollout success per category over rounds, one small chart per category with its Wilson band;
+* validation (``kind: validation`` lines of ``metrics.jsonl``, or ``seal eval`` runs of
+  checkpoints in ``RUN/validation/step_N/``);
+* TRL's optimisation metrics (loss, KL, entropy, gradient norm, clip fraction, completion length,
+  zero-variance fraction), each on its own axis: from ``metrics.jsonl`` when the run logged them
+  there (with or without a ``train/`` prefix), else from the newest checkpoint's
+  ``trainer_state.json`` ``log_history``;
+* the label distribution, the interface timeline (legend, the labels under pressure that switched
+  each component on, and the system prompt the agent saw under each state, rendered with
+  :class:`~seal_rl.interface.Interface` for one task of the run), the A-Patch weights, reward and
+  A-Patch scale on separate axes, a browser of the training rollouts (``trajectories.jsonl``),
+  and where the time went.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+
+from seal_rl.diagnose import LABELS
+from seal_rl.errors import SealError
+from seal_rl.interface import GUIDELINE_FOR_LABEL, PARSE_LABEL, SCHEMA_LABEL, TOOL_ERROR_LABEL, Interface, InterfaceState
+from seal_rl.report.episodes import episode_html
+from seal_rl.report.page import EPISODE_CAP, FILTER_JS, LABEL_COLOURS, figure, filters, page, render, sample_evenly
+from seal_rl.stats import wilson
+from seal_rl.tasks import CATEGORIES
+
+METRICS_FILE = "metrics.jsonl"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+INTERFACE_TEXT_CAP = 12
+"""most distinct interface states whose rendered prompt the page embeds"""
+
+# TRL 1.16 GRPOTrainer / transformers Trainer log keys, with a readable name each.
+OPTIMISATION_METRICS: tuple[tuple[str, str], ...] = (
+    ("loss", "loss"),
+    ("kl", "KL to the reference"),
+    ("entropy", "entropy"),
+    ("grad_norm", "gradient norm"),
+    ("clip_ratio/region_mean", "clip fraction"),
+    ("completions/mean_length", "completion length (tokens)"),
+    ("frac_reward_zero_std", "zero-variance fraction"),
+)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file; a line cut short by a crash is skipped."""
+    if not path.exists():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            lines.append(value)
+    return lines
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value == value else None
+
+
+def optimisation_metrics(run_dir: Path, lines: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, dict[int, float]]]:
+    """TRL's metrics by optimizer step, and where they came from.
+
+    ``metrics.jsonl`` lines carrying any of :data:`OPTIMISATION_METRICS` (``kl`` or ``train/kl``)
+    win; otherwise the ``log_history`` of the newest ``checkpoints/*/trainer_state.json``."""
+    source, found = METRICS_FILE, _collect(lines)
+    if not found:
+        states = sorted((run_dir / "checkpoints").glob("checkpoint-*/trainer_state.json"),
+                        key=lambda p: int(p.parent.name.rsplit("-", 1)[-1]) if p.parent.name.rsplit("-", 1)[-1].isdigit() else -1)  # fmt: skip
+        if states:
+            try:
+                history = json.loads(states[-1].read_text()).get("log_history", [])
+            except (OSError, json.JSONDecodeError):
+                history = []
+            source, found = str(states[-1].relative_to(run_dir)), _collect([h for h in history if isinstance(h, dict)])
+    return source, found
+
+
+def _collect(lines: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
+    series: dict[str, dict[int, float]] = {}
+    for line in lines:
+        step = _number(line.get("step", line.get("train/global_step")))
+        if step is None:
+            continue
+        for key, _ in OPTIMISATION_METRICS:
+            value = _number(line.get(key, line.get(f"train/{key}")))
+            if value is not None:
+                series.setdefault(key, {})[int(step)] = value
+    return series
+
+
+def no_learning_signal(rollouts: Sequence[Mapping[str, Any]], trl: Mapping[str, Mapping[int, float]]) -> str | None:
+    """Why the run had no learning signal, or None: every group's rewards were identical in every
+    round (``frac_reward_zero_std`` = 1, or our ``rollout/groups_zero_variance`` = 1), so every
+    GRPO advantage was 0 (with ``loss`` 0 as the symptom)."""
+    zero_std = list(trl.get("frac_reward_zero_std", {}).values()) or [
+        m["rollout/groups_zero_variance"] for m in rollouts if _number(m.get("rollout/groups_zero_variance")) is not None]
+    losses = list(trl.get("loss", {}).values())
+    if zero_std and all(v >= 1.0 for v in zero_std):
+        loss = " and the loss was 0 at every step" if losses and all(abs(v) < 1e-12 for v in losses) else ""
+        return (f"No learning signal: in every logged step all of a group's rollouts had the same reward "
+                f"(zero-variance fraction = 1), so every GRPO advantage was 0{loss}. The model did not learn from this run. "
+                "Make rewards differ within groups: more generations per task, a higher temperature, tasks the model "
+                "sometimes solves, or a warm start.")  # fmt: skip
+    if losses and all(abs(v) < 1e-12 for v in losses):
+        return "No learning signal: the loss was 0 at every logged step."
+    return None
+
+
+def switched_by(component: str, pressure: Sequence[str]) -> list[str]:
+    """The labels under pressure that switch ``component`` on, as :func:`seal_rl.interface.evolve`
+    maps them (φ_schema ← argument_mismatch; the format note ← argument_mismatch or
+    invalid_tool_call; parse hints ← invalid_tool_call; tool hints ← recovery_failure; a guideline
+    ← its label; the tool list ← missing_tool_call). Empty: on from the preset."""
+    if component.startswith("schema:"):
+        wanted = {SCHEMA_LABEL}
+    elif component.startswith("guideline:"):
+        wanted = {z for z, g in GUIDELINE_FOR_LABEL.items() if g == component.split(":", 1)[1]}
+    else:
+        wanted = {"format_note": {SCHEMA_LABEL, PARSE_LABEL}, "parse_hints": {PARSE_LABEL},
+                  "tool_hints": {TOOL_ERROR_LABEL}, "tool_list": {"missing_tool_call"}}.get(component, set())  # fmt: skip
+    return [z for z in pressure if z in wanted]
+
+
+def interface_states(run_dir: Path) -> dict[int, InterfaceState]:
+    """The interface state each round's rollouts used (``interface/step_N.json``)."""
+    states = {}
+    for path in (run_dir / "interface").glob("step_*.json"):
+        try:
+            states[int(path.stem.split("_", 1)[1])] = InterfaceState.from_json(json.loads(path.read_text())["used"])
+        except (ValueError, KeyError, OSError, SealError, TypeError):
+            continue
+    return dict(sorted(states.items()))
+
+
+def _recipe_env(run_dir: Path) -> dict[str, Any]:
+    try:
+        from omegaconf import OmegaConf
+
+        env = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")).get("env") or {}
+        return dict(env) if isinstance(env, dict) else {}
+    except Exception:  # a missing or foreign recipe only costs the rendered prompt its exact mode
+        return {}
+
+
+def rendered_prompt(state: InterfaceState, task_id: str, env: Mapping[str, Any]) -> str:
+    """What the agent saw before the first question under ``state``, for ``task_id``."""
+    from seal_rl.tasks import TaskSet
+
+    task = TaskSet.load().get(task_id)
+    interface = Interface(env.get("prompt_mode", "bfcl_qwen_fc"), state, call_format=env.get("call_format", "hermes"))
+    text = "\n\n".join(m["content"] for m in interface.system(task.functions))
+    if env.get("prompt_mode") == "chat_template":
+        text += "\n\n[tools handed to the chat template]\n" + json.dumps(interface.tool_specs(task.functions), indent=1)
+    return text
+
+
+_TIMELINE = """<p class="legend"><span><i class="swatch" style="background:#2e7d32"></i>on</span>
+<span><i class="swatch" style="background:#fff"></i>off</span> (the state each round's rollouts used)</p>
+<table><tr><th>rounds</th><th>components on</th><th>switched on by (labels under pressure)</th></tr>
+{% for row in rows %}<tr><td>{{ row.rounds }}</td><td>{{ row.components|join(", ") or "none" }}</td>
+<td>{% for c, labels in row.reasons %}{{ c }} ← {{ labels|join(", ") or "preset" }}{% if not loop.last %}; {% endif %}{% endfor %}
+{% if row.pressure %}<br><span class="meta">under pressure: {{ row.pressure|join(", ") }}</span>{% endif %}</td></tr>{% endfor %}</table>
+{% if texts %}<p class="meta">The system prompt the agent saw, rendered for task {{ task_id }} (one state per change):</p>
+{% for t in texts %}<details><summary>rounds {{ t.rounds }}: {{ t.components|join(", ") or "base interface" }}</summary><pre>{{ t.text }}</pre></details>{% endfor %}
+{% if omitted %}<p class="meta">{{ omitted }} later states not rendered (the page keeps {{ texts|length }}).</p>{% endif %}{% endif %}"""
+
+
+def _spans(rounds: Sequence[int], keys: Sequence[Any]) -> list[tuple[int, int, int]]:
+    """Runs of equal keys: (first round, last round, index of the first)."""
+    spans: list[tuple[int, int, int]] = []
+    for i, key in enumerate(keys):
+        if spans and keys[spans[-1][2]] == key:
+            spans[-1] = (spans[-1][0], rounds[i], spans[-1][2])
+        else:
+            spans.append((rounds[i], rounds[i], i))
+    return spans
+
+
+def interface_section(run_dir: Path, rollouts: Sequence[Mapping[str, Any]], task_id: str | None) -> list[Markup]:
+    states = interface_states(run_dir)
+    rounds = [m["round"] for m in rollouts]
+    active = {m["round"]: list(m.get("interface/active") or []) for m in rollouts}
+    for r, s in states.items():
+        active.setdefault(r, s.active_components)
+    rounds = sorted(active)
+    components = sorted({c for r in rounds for c in active[r]})
+    if not components:
+        return [Markup("<p class='meta'>No training-time interface component was ever on.</p>")]
+
+    def timeline(fig):
+        ax = fig.add_subplot(111)
+        grid = [[1 if c in active[r] else 0 for r in rounds] for c in components]
+        ax.imshow(grid, aspect="auto", cmap="Greens", vmin=0, vmax=1.2, interpolation="nearest",
+                  extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(components) - 0.5, -0.5))  # fmt: skip
+        ax.set_yticks(range(len(components)), components, fontsize=8)
+        ax.set_xlabel("round")
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color="#2e7d32", label="on"), Patch(facecolor="white", edgecolor="#999", label="off")],
+                  fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # fmt: skip
+        ax.set_title("Active interface components (training only)")
+
+    keys = [(tuple(active[r]), tuple(states[r].pressure) if r in states else ()) for r in rounds]
+    rows = []
+    for first, last, i in _spans(rounds, keys):
+        on, pressure = keys[i]
+        rows.append({"rounds": f"{first}" if first == last else f"{first}–{last}", "components": on, "pressure": pressure,
+                     "reasons": [(c, switched_by(c, pressure)) for c in on]})  # fmt: skip
+    texts, omitted = [], 0
+    if task_id and states:
+        env = _recipe_env(run_dir)
+        state_rounds = sorted(states)
+        state_keys = [json.dumps({**states[r].to_json(), "round": 0, "pressure": []}, sort_keys=True) for r in state_rounds]
+        spans = _spans(state_rounds, state_keys)
+        for first, last, i in spans[:INTERFACE_TEXT_CAP]:
+            try:
+                text = rendered_prompt(states[state_rounds[i]], task_id, env)
+            except (KeyError, SealError):
+                break
+            texts.append({"rounds": f"{first}" if first == last else f"{first}–{last}",
+                          "components": states[state_rounds[i]].active_components, "text": text})  # fmt: skip
+        omitted = max(0, len(spans) - len(texts))
+    return [figure(timeline, height=max(2.2, 0.3 * len(components) + 1.4), alt="interface timeline"),
+            render(_TIMELINE, rows=rows, texts=texts, omitted=omitted, task_id=task_id)]  # fmt: skip
+
+
+def success_section(rows: Sequence[Mapping[str, Any]]) -> Markup:
+    """One small chart per category: rollout success over rounds with its 95% Wilson band."""
+    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for row in rows:
+        cell = counts[row["category"]][row["round"]]
+        cell[0] += row.get("reward") == 1.0
+        cell[1] += 1
+    names = [c for c in CATEGORIES if c in counts] + sorted(set(counts) - set(CATEGORIES))
+
+    def draw(fig):
+        axes = fig.subplots(1, max(1, len(names)), sharey=True, squeeze=False)[0]
+        for ax, category in zip(axes, names):
+            per_round = counts[category]
+            xs = sorted(per_round)
+            bands = [wilson(*per_round[x]) for x in xs]
+            ax.fill_between(xs, [b[0] * 100 for b in bands], [b[1] * 100 for b in bands], alpha=0.2, color="#1e88e5", linewidth=0)
+            ax.plot(xs, [per_round[x][0] / per_round[x][1] * 100 for x in xs], marker="o", markersize=3, color="#0d47a1")
+            ax.set_title(category, fontsize=10)
+            ax.set_xlabel("round")
+            ax.set_ylim(0, 100)
+        axes[0].set_ylabel("rollout success (%)")
+        fig.suptitle("Training rollouts: success per category (95% Wilson bands)", fontsize=11)
+
+    return figure(draw, height=3.2, alt="rollout success per category")
+
+
+def _validation(run_dir: Path, lines: Sequence[Mapping[str, Any]]) -> tuple[str, dict[int, dict[str, Any]]]:
+    """Validation points: the in-training validation (``metrics.jsonl`` lines of kind ``validation``,
+    by round) or else summaries of ``seal eval`` runs of checkpoints saved as RUN/validation/step_N/
+    (by optimizer step)."""
+    logged = [m for m in lines if m.get("kind") == "validation" and "round" in m]
+    if logged:
+        return "round", {m["round"]: {key.removeprefix("validation/"): value for key, value in m.items()} for m in logged}
+    points = {}
+    for summary in sorted((run_dir / "validation").glob("step_*/summary.json")):
+        try:
+            points[int(summary.parent.name.split("_", 1)[1])] = json.loads(summary.read_text())
+        except (ValueError, OSError):
+            continue
+    return "optimizer step", dict(sorted(points.items()))
+
+
+def validation_section(run_dir: Path, lines: Sequence[Mapping[str, Any]]) -> Markup:
+    axis, validation = _validation(run_dir, lines)
+    if not validation:
+        return Markup(
+            "<p class='meta'>No validation points. Turn on validation in the recipe (<code>eval.every_rounds</code>) or "
+            "evaluate checkpoints strictly with <code>seal eval --policy hf:RUN/checkpoints/checkpoint-K --split test "
+            "--out RUN/validation/step_K</code> and re-run <code>seal report</code>.</p>"
+        )
+    steps = list(validation)
+    names = [c for c in CATEGORIES if any(c in (validation[s].get("categories") or {}) for s in steps)]
+
+    def draw(fig):
+        axes = fig.subplots(1, len(names) + 1, sharey=True, squeeze=False)[0]
+        averages = [(s, validation[s]) for s in steps if "average_ci95" in validation[s]]
+        panels = [("average of categories", [(s, v["average"], v["average_ci95"]) for s, v in averages])]
+        for c in names:
+            points = [(s, validation[s]["categories"].get(c)) for s in steps]
+            panels.append((c, [(s, p["success_rate"], p["ci95"]) for s, p in points if p]))
+        for ax, (title, points) in zip(axes, panels):
+            xs = [s for s, _, _ in points]
+            ax.fill_between(xs, [b[0] * 100 for _, _, b in points], [b[1] * 100 for _, _, b in points], alpha=0.2,
+                            color="#43a047", linewidth=0)  # fmt: skip
+            ax.plot(xs, [r * 100 for _, r, _ in points], marker="o", markersize=3, color="#1b5e20")
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel(axis)
+            ax.set_ylim(0, 100)
+        axes[0].set_ylabel("validation success (%)")
+        fig.suptitle("Validation: greedy, strict, interface removed (95% intervals)", fontsize=11)
+
+    return figure(draw, height=3.2, alt="validation")
+
+
+def optimisation_section(source: str, series: Mapping[str, Mapping[int, float]]) -> list[Markup]:
+    shown = [(key, name) for key, name in OPTIMISATION_METRICS if series.get(key)]
+    if not shown:
+        return [Markup("<p class='meta'>No optimisation metrics logged (neither in metrics.jsonl nor in a checkpoint's "
+                       "trainer_state.json).</p>")]  # fmt: skip
+    columns = 4 if len(shown) > 3 else len(shown)
+    rows = (len(shown) + columns - 1) // columns
+
+    def draw(fig):
+        for i, (key, name) in enumerate(shown):
+            ax = fig.add_subplot(rows, columns, i + 1)
+            xs = sorted(series[key])
+            ax.plot(xs, [series[key][x] for x in xs], marker="o" if len(xs) < 40 else None, markersize=3, color="#6a1b9a")
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel("optimizer step")
+            ax.tick_params(labelsize=8)
+
+    return [figure(draw, height=2.6 * rows, alt="optimisation metrics"),
+            render("<p class='meta'>From {{ source }}; each metric on its own axis.</p>", source=source)]
+
+
+def time_section(rollouts: Sequence[Mapping[str, Any]], lines: Sequence[Mapping[str, Any]]) -> list[Markup]:
+    """Seconds per phase over the whole run.
+
+    ``time/seconds`` is cumulative within one process session and restarts on resume, so the run's
+    total is the sum over sessions of each session's last value. A round's optimisation is booked
+    when the next round starts; a ``kind: time`` line written when training ends books the last
+    one. The optimisation window also contains in-training validation, which has its own row, so
+    it is subtracted there."""
+    timed = sorted((m for m in lines if isinstance(m.get("time/seconds"), dict) and m.get("kind", "rollout") in ("rollout", "time")),
+                   key=lambda m: (m.get("round", 0), m.get("kind") == "time"))  # fmt: skip
+    if not timed:
+        return []
+    totals: Counter[str] = Counter()
+    previous: dict[str, float] = {}
+    for m in timed:
+        current = {k: float(v) for k, v in m["time/seconds"].items() if _number(v) is not None}
+        if any(current.get(k, 0.0) < v for k, v in previous.items()):  # a new session: bank the old one
+            totals.update(previous)
+        previous = current
+    totals.update(previous)
+    complete = timed[-1].get("kind") == "time"
+    if "validation" in totals and "optimisation" in totals:
+        totals["optimisation"] = max(0.0, totals["optimisation"] - totals["validation"])
+    total = sum(totals.values()) or 1.0
+    note = ("" if complete else "The last round's optimisation is not included: this run's log has no end-of-training "
+            "time line (it was written by an older seal-rl, or training has not finished).")  # fmt: skip
+    return [Markup("<h2>Where the time went</h2>"), render(
+        """<table><tr><th>phase</th><th>seconds</th><th>share</th></tr>{% for k, v in rows %}<tr><td>{{ k }}</td>
+<td>{{ "%.1f"|format(v) }}</td><td>{{ (v / total)|pct }}</td></tr>{% endfor %}<tr><th>total</th><th>{{ "%.1f"|format(total) }}</th>
+<th>100.0%</th></tr></table>{% if note %}<p class="meta">{{ note }}</p>{% endif %}""",
+        rows=sorted(totals.items(), key=lambda kv: -kv[1]), total=total, note=note)]  # fmt: skip
+
+
+def _trajectory_rows(path: Path, cap: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Light fields of every row (for the charts) and the full rows of at most ``cap`` of them,
+    spread evenly, plus the row count; full rows outside the sample are never kept in memory."""
+    if not path.exists():
+        return [], [], 0
+    with open(path, encoding="utf-8") as handle:
+        total = sum(1 for line in handle if line.strip())
+    keep = set(sample_evenly(range(total), cap))
+    light, full, index = [], [], 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                index += 1
+                continue
+            if isinstance(row, dict) and "round" in row and "category" in row:
+                light.append({k: row.get(k) for k in ("round", "category", "reward", "apatch_weight")})
+                if index in keep:
+                    full.append(row)
+            index += 1
+    return light, full, total
+
+
+def training_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
+    lines = read_lines(run_dir / METRICS_FILE)
+    rollouts = sorted((m for m in lines if m.get("kind", "rollout") == "rollout" and "round" in m), key=lambda m: m["round"])
+    if not rollouts:
+        raise SealError(f"{run_dir}/metrics.jsonl has no rounds yet.")
+    light, sampled, total = _trajectory_rows(run_dir / TRAJECTORIES_FILE, cap)
+    rounds = [m["round"] for m in rollouts]
+    source, trl = optimisation_metrics(run_dir, lines)
+    warning = no_learning_signal(rollouts, trl)
+    sections: list[Any] = [
+        render("<p class='meta'>{{ rounds }} rounds · {{ episodes }} episodes · recipe: <code>{{ recipe }}</code></p>"
+               "{% if warning %}<p class='warning' id='no-signal'><b>Warning.</b> {{ warning }}</p>{% endif %}",
+               rounds=len(rounds), episodes=total, recipe=str(run_dir / "config.yaml"), warning=warning),  # fmt: skip
+        Markup("<h2>Success over training</h2>"), success_section(light),
+        Markup("<h2>Validation</h2>"), validation_section(run_dir, lines),
+        Markup("<h2>Optimisation</h2>"), *optimisation_section(source, trl),
+    ]
+
+    shares = [m.get("labels/share") or {} for m in rollouts]
+    labels = [z for z in LABELS if any(z in s for s in shares)]
+
+    def label_area(fig):
+        ax = fig.add_subplot(111)
+        ax.stackplot(rounds, *[[s.get(z, 0.0) * 100 for s in shares] for z in labels], labels=labels,
+                     colors=[LABEL_COLOURS.get(z) for z in labels])  # fmt: skip
+        ax.set_xlabel("round")
+        ax.set_ylabel("share of turns (%)")
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize=7, ncol=1, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        ax.set_title("Label distribution over rounds")
+
+    sections += [Markup("<h2>Failure labels over training</h2>"), figure(label_area, alt="labels over rounds")]
+    task_id = next((r.get("task_id") for r in sampled if r.get("task_id")), None)
+    sections += [Markup("<h2>Interface evolution</h2>"), *interface_section(run_dir, rollouts, task_id)]
+
+    weights = [m.get("apatch/label_weights") or {} for m in rollouts]
+    weight_labels = [z for z in LABELS if any(z in w for w in weights)]
+
+    def weight_lines(fig):
+        ax = fig.add_subplot(111)
+        for label in weight_labels:
+            ax.plot(rounds, [w.get(label, 1.0) for w in weights], label=label, color=LABEL_COLOURS.get(label))
+        ax.set_xlabel("round")
+        ax.set_ylabel("utility ρ(z)")
+        ax.legend(fontsize=7, ncol=1, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        ax.set_title("A-Patch label weights over rounds")
+
+    recent = list(zip(rounds, weights))[-8:]
+    sections += [Markup("<h2>A-Patch weights</h2>"), figure(weight_lines, alt="A-Patch weights"), render(
+        """<table><tr><th>label</th>{% for r, _ in recent %}<th>r{{ r }}</th>{% endfor %}</tr>{% for z in labels %}<tr><td>{{ z }}</td>
+{% for _, w in recent %}<td>{{ "%.3f"|format(w.get(z, 1.0)) }}</td>{% endfor %}</tr>{% endfor %}</table>""",
+        recent=recent, labels=weight_labels)]  # fmt: skip
+
+    def distributions(fig):
+        reward, scale, histogram = fig.subplots(1, 3)
+        reward.plot(rounds, [m.get("rollout/reward_mean", float("nan")) for m in rollouts], marker="o", markersize=3, color="#1565c0")
+        reward.set_xlabel("round")
+        reward.set_ylabel("mean reward")
+        reward.set_ylim(-0.02, 1.02)
+        reward.set_title("Mean rollout reward")
+        scale.fill_between(rounds, [m.get("apatch/scale_min", 1.0) for m in rollouts], [m.get("apatch/scale_max", 1.0) for m in rollouts],
+                           alpha=0.25, color="#fb8c00", linewidth=0, label="min–max")  # fmt: skip
+        scale.plot(rounds, [m.get("apatch/scale_mean", 1.0) for m in rollouts], marker="s", markersize=3, color="#e65100", label="mean")
+        scale.set_xlabel("round")
+        scale.set_ylabel("w_j")
+        scale.legend(fontsize=8)
+        scale.set_title("A-Patch trajectory scale")
+        histogram.hist([r["apatch_weight"] for r in light if _number(r.get("apatch_weight")) is not None], bins=20, color="#fb8c00")
+        histogram.set_xlabel("A-Patch weight w_j")
+        histogram.set_ylabel("episodes")
+        histogram.set_title("All trajectory weights")
+
+    sections += [Markup("<h2>Rewards and scales</h2>"), figure(distributions, height=3.2, alt="reward and scale")]
+    sections += time_section(rollouts, lines)
+
+    categories = sorted({r["category"] for r in sampled}, key=lambda c: (c not in CATEGORIES, CATEGORIES.index(c) if c in CATEGORIES else 0, c))
+    present = [z for z in LABELS if any(z in (r.get("labels") or []) for r in sampled)]
+    sections += [
+        Markup("<h2>Training rollouts</h2>"),
+        render("{% if shown < total %}<p class='meta'>Showing {{ shown }} of {{ total }} rollouts, spread evenly over the run "
+               "(the page keeps at most {{ shown }}).</p>{% endif %}", shown=len(sampled), total=total),  # fmt: skip
+        filters(categories, present, ["pass", "fail", "error"]),
+        *(episode_html(r, {"round": r.get("round"), "w": _fmt(r.get("apatch_weight")),
+                           "advantage": f"{_fmt(r.get('advantage_before'))} → {_fmt(r.get('advantage_after'))}"})
+          for r in sampled),  # fmt: skip
+    ]
+    return page(f"seal-rl training: {run_dir.name}", sections, FILTER_JS)
+
+
+def _fmt(value: Any) -> str:
+    number = _number(value)
+    return f"{number:.3g}" if number is not None else "–"
