@@ -16,7 +16,7 @@ from seal_rl.errors import SealError
 from seal_rl.evaluate import read_results, summarize
 from seal_rl.report.evaluation import label_counts
 from seal_rl.report.page import LABEL_COLOURS, figure, page, render
-from seal_rl.stats import compare_runs
+from seal_rl.stats import compare_runs, wilson
 
 _TABLE = """<p class="meta">A = {{ a }} · B = {{ b }}</p>
 <table><tr><th>category</th><th>pairs</th><th>A</th><th>A 95%</th><th>B</th><th>B 95%</th><th>B − A</th><th>only A</th><th>only B</th><th>McNemar p</th></tr>
@@ -31,7 +31,7 @@ _SHIFT = """<table><tr><th>label</th><th>A</th><th>B</th><th>B − A</th></tr>{%
 _FLIPS = """<div class="filters"><input id="f-task" type="search" placeholder="task id" oninput="filterFlips()">
 <span id="f-count"></span></div><table id="flips"><tr><th>task</th><th>sample</th><th>category</th><th>A</th><th>B</th></tr>
 {% for f in flips %}<tr class="flip" data-task="{{ f.task }}"><td>{{ f.task }}</td><td>{{ f.sample }}</td><td>{{ f.category }}</td>
-<td>{{ f.a }}</td><td>{{ f.b }}</td></tr>{% endfor %}</table>"""
+<td class="l">{{ f.a }}</td><td class="l">{{ f.b }}</td></tr>{% endfor %}</table>"""
 
 _FLIP_JS = """
 function filterFlips(){const q=document.getElementById('f-task').value.trim().toLowerCase();let n=0;
@@ -60,6 +60,11 @@ def _outcomes(records: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], tup
     return result
 
 
+def _interval(rate: float, n: int) -> str:
+    low, high = wilson(round(rate * n), n)
+    return f"{low:.1%} – {high:.1%}"
+
+
 def compare_report(run_a: Path, run_b: Path, *, resamples: int = 10_000) -> str:
     a, b = read_results(run_a), read_results(run_b)
     result = compare_runs(a, b, resamples=resamples)
@@ -72,7 +77,8 @@ def compare_report(run_a: Path, run_b: Path, *, resamples: int = 10_000) -> str:
         return f"{low:.1%} – {high:.1%}"
 
     rows = [(name, row, interval(summary_a, name), interval(summary_b, name)) for name, row in result.categories.items()]
-    rows.append(("all (pooled)", result.overall, "", ""))
+    pooled = result.overall
+    rows.append(("all (pooled)", pooled, *(_interval(rate, pooled.pairs) for rate in (pooled.rate_a, pooled.rate_b))))
     unpaired = ", ".join(part for part in (f"{result.only_in_a} episodes only in A" if result.only_in_a else "",
                                            f"{result.only_in_b} only in B" if result.only_in_b else "") if part)  # fmt: skip
     names = list(result.categories)
@@ -121,6 +127,8 @@ def compare_report(run_a: Path, run_b: Path, *, resamples: int = 10_000) -> str:
 
 def write_compare_report(run_a: Path, run_b: Path, target: Path, *, resamples: int = 10_000) -> Path:
     target = Path(target)
+    if target.is_dir():
+        raise SealError(f"--html {target} is a directory; give a file path such as {target / 'compare.html'}.")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(compare_report(Path(run_a), Path(run_b), resamples=resamples), encoding="utf-8")
     return target

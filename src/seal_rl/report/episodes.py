@@ -35,7 +35,9 @@ data-task="{{ task_id }}"><summary>{% if index is not none %}#{{ index }} {% end
 {% for call in step.calls %}{% if call.status == "rejected" %}<div class="rejected-call"><span class="tag">rejected</span> <span class="rejected">{{ call.text }}</span>
 {% if call.error %} <span class="meta">{{ call.error|clip(600) }}</span>{% else %} <span class="meta">not executed</span>{% endif %}</div>
 {% else %}<div class="{{ call.status }}">call {{ call.text }}</div><pre>{{ call.result|clip(800) }}</pre>{% endif %}{% endfor %}
-{% if step.seen %}<div class="meta">what the agent saw next</div>{% for text in step.seen %}<pre class="seen">{{ text|clip }}</pre>{% endfor %}{% endif %}
+{% if step.seen and step.event == "tool_results" %}<details class="seen"><summary class="meta">what the agent saw next</summary>
+{% for text in step.seen %}<pre class="seen">{{ text|clip }}</pre>{% endfor %}</details>
+{% elif step.seen %}<div class="meta">what the agent saw next</div>{% for text in step.seen %}<pre class="seen">{{ text|clip }}</pre>{% endfor %}{% endif %}
 {% endfor %}
 {% if turn.evidence %}<div class="meta">evidence</div><pre>{{ turn.evidence|clip(800) }}</pre>{% endif %}</div>{% endfor %}
 </details>"""

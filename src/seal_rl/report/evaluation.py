@@ -137,7 +137,7 @@ def eval_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
         Markup("<h2>pass@k</h2>"), *pass_at_k_section(summary),
         Markup("<h2>Failure labels</h2>"), stacked_shares(per_category, "Label profile per category"),
         Markup("<h3>Label mix by turn position</h3>"),
-        stacked_shares(per_turn, "Label mix by turn position (all categories)"), share_table(per_turn, present, "turn"),
+        stacked_shares(per_turn, "Label mix by turn position (all categories)"), share_table(per_turn, present, "turn", transpose=True),
         Markup("<h2>How episodes ended</h2>"), share_table(reasons_by_category, reasons, "category"),
         Markup("<h2>Trajectories</h2>"),
         render("{% if shown < total %}<p class='meta'>Showing {{ shown }} of {{ total }} episodes, spread evenly over the run "

@@ -34,7 +34,7 @@ CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:4px 10px;text-align:right}
-th{background:#f5f5f5}td:first-child,th:first-child{text-align:left}
+th{background:#f5f5f5}td:first-child,th:first-child,td.l{text-align:left}
 img{max-width:100%}.meta{color:#666}.chip{display:inline-block;border-radius:3px;padding:0 6px;margin:1px;font-size:12px}
 details{border:1px solid #e0e0e0;border-radius:4px;margin:4px 0;padding:4px 8px}summary{cursor:pointer}
 .turn{border-left:3px solid #ccc;margin:8px 0;padding-left:10px}pre{white-space:pre-wrap;word-break:break-word;background:#fafafa;
@@ -133,9 +133,15 @@ def sample_evenly(items: Sequence[Any], cap: int) -> list[Any]:
     return [items[round(i * (len(items) - 1) / (cap - 1))] for i in range(cap)]
 
 
-def share_table(counts: Mapping[str, Mapping[str, int]], columns: Sequence[str], row_title: str) -> Markup:
-    """Rows of counts as shares of the row's total (with the total)."""
-    return render("""<table><tr><th>{{ row_title }}</th><th>n</th>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for name, row in counts.items() %}{% set n = row.values()|sum %}<tr><td>{{ name }}</td><td>{{ n }}</td>
-{% for c in columns %}<td>{{ (row.get(c, 0) / n if n else 0)|pct }}</td>{% endfor %}</tr>{% endfor %}</table>""",
-                  counts=counts, columns=columns, row_title=row_title)  # fmt: skip
+def share_table(counts: Mapping[str, Mapping[str, int]], columns: Sequence[str], row_title: str, *, transpose: bool = False) -> Markup:
+    """Each row's counts as shares of the row's total (with the total); ``transpose`` puts the
+    rows in columns (for many columns, e.g. labels by turn position)."""
+    totals = {name: sum(row.values()) for name, row in counts.items()}
+    share = {name: {c: row.get(c, 0) / totals[name] if totals[name] else 0.0 for c in columns} for name, row in counts.items()}
+    return render("""<div style="overflow-x:auto">{% if not transpose %}<table><tr><th>{{ row_title }}</th><th>n</th>
+{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>{% for name in share %}<tr><td>{{ name }}</td><td>{{ totals[name] }}</td>
+{% for c in columns %}<td>{{ share[name][c]|pct }}</td>{% endfor %}</tr>{% endfor %}</table>
+{% else %}<table><tr><th></th>{% for name in share %}<th>{{ name }}</th>{% endfor %}</tr><tr><td>n</td>
+{% for name in share %}<td>{{ totals[name] }}</td>{% endfor %}</tr>{% for c in columns %}<tr><td>{{ c }}</td>
+{% for name in share %}<td>{{ share[name][c]|pct }}</td>{% endfor %}</tr>{% endfor %}</table>{% endif %}</div>""",
+                  share=share, totals=totals, columns=columns, row_title=row_title, transpose=transpose)  # fmt: skip

@@ -36,6 +36,7 @@ from seal_rl.tasks import CATEGORIES
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
+TIME_FILE = "time.json"
 INTERFACE_TEXT_CAP = 12
 """most distinct interface states whose rendered prompt the page embeds"""
 
@@ -64,6 +65,13 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
         if isinstance(value, dict):
             lines.append(value)
     return lines
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _number(value: Any) -> float | None:
@@ -332,32 +340,33 @@ def optimisation_section(source: str, series: Mapping[str, Mapping[int, float]])
             render("<p class='meta'>From {{ source }}; each metric on its own axis.</p>", source=source)]
 
 
-def time_section(rollouts: Sequence[Mapping[str, Any]], lines: Sequence[Mapping[str, Any]]) -> list[Markup]:
+def time_section(rollouts: Sequence[Mapping[str, Any]], end: Mapping[str, Any] | None) -> list[Markup]:
     """Seconds per phase over the whole run.
 
     ``time/seconds`` is cumulative within one process session and restarts on resume, so the run's
     total is the sum over sessions of each session's last value. A round's optimisation is booked
-    when the next round starts; a ``kind: time`` line written when training ends books the last
-    one. The optimisation window also contains in-training validation, which has its own row, so
-    it is subtracted there."""
-    timed = sorted((m for m in lines if isinstance(m.get("time/seconds"), dict) and m.get("kind", "rollout") in ("rollout", "time")),
-                   key=lambda m: (m.get("round", 0), m.get("kind") == "time"))  # fmt: skip
+    when the next round starts; ``time.json``, written when training ends, books the last one. The
+    optimisation window also holds in-training validation, which has its own row, so it is
+    subtracted there."""
+    timed = [m["time/seconds"] for m in rollouts if isinstance(m.get("time/seconds"), dict)]
+    complete = isinstance(end, Mapping) and isinstance(end.get("time/seconds"), dict) and end.get("round") == rollouts[-1]["round"]
+    if complete:
+        timed.append(end["time/seconds"])
     if not timed:
         return []
     totals: Counter[str] = Counter()
     previous: dict[str, float] = {}
-    for m in timed:
-        current = {k: float(v) for k, v in m["time/seconds"].items() if _number(v) is not None}
+    for seconds in timed:
+        current = {k: float(v) for k, v in seconds.items() if _number(v) is not None}
         if any(current.get(k, 0.0) < v for k, v in previous.items()):  # a new session: bank the old one
             totals.update(previous)
         previous = current
     totals.update(previous)
-    complete = timed[-1].get("kind") == "time"
     if "validation" in totals and "optimisation" in totals:
         totals["optimisation"] = max(0.0, totals["optimisation"] - totals["validation"])
     total = sum(totals.values()) or 1.0
-    note = ("" if complete else "The last round's optimisation is not included: this run's log has no end-of-training "
-            "time line (it was written by an older seal-rl, or training has not finished).")  # fmt: skip
+    note = ("" if complete else "The last round's optimisation is not included: the run has no time.json for its last "
+            "round (training has not finished, or an older seal-rl wrote it).")  # fmt: skip
     return [Markup("<h2>Where the time went</h2>"), render(
         """<table><tr><th>phase</th><th>seconds</th><th>share</th></tr>{% for k, v in rows %}<tr><td>{{ k }}</td>
 <td>{{ "%.1f"|format(v) }}</td><td>{{ (v / total)|pct }}</td></tr>{% endfor %}<tr><th>total</th><th>{{ "%.1f"|format(total) }}</th>
@@ -464,7 +473,7 @@ def training_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
         histogram.set_title("All trajectory weights")
 
     sections += [Markup("<h2>Rewards and scales</h2>"), figure(distributions, height=3.2, alt="reward and scale")]
-    sections += time_section(rollouts, lines)
+    sections += time_section(rollouts, _json(run_dir / TIME_FILE))
 
     categories = sorted({r["category"] for r in sampled}, key=lambda c: (c not in CATEGORIES, CATEGORIES.index(c) if c in CATEGORIES else 0, c))
     present = [z for z in LABELS if any(z in (r.get("labels") or []) for r in sampled)]
