@@ -71,11 +71,11 @@ CHIP = ENV.from_string('<span class="chip" style="background:{{ colour }};color:
 FILTERS = ENV.from_string("""<div class="filters">
 <input id="f-task" type="search" placeholder="task id" oninput="applyFilters()">
 <select id="f-cat" onchange="applyFilters()"><option value="">all categories</option>
-{% for c in categories %}<option>{{ c }}</option>{% endfor %}</select>
+{% for c in categories %}<option value="{{ c }}">{{ c }}</option>{% endfor %}</select>
 <select id="f-label" onchange="applyFilters()"><option value="">any label</option>
-{% for z in labels %}<option>{{ z }}</option>{% endfor %}</select>
+{% for z in labels %}<option value="{{ z }}">{{ z }}</option>{% endfor %}</select>
 <select id="f-out" onchange="applyFilters()"><option value="">any outcome</option>
-{% for o in outcomes %}<option>{{ o }}</option>{% endfor %}</select><span id="f-count"></span></div>""")
+{% for o in outcomes %}<option value="{{ o }}">{{ o }}</option>{% endfor %}</select><span id="f-count"></span></div>""")
 
 
 def render(template: str, **values: Any) -> Markup:
