@@ -12,9 +12,10 @@ import base64
 import io
 import json
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
-from jinja2 import Environment, StrictUndefined
+from jinja2 import Environment, StrictUndefined, Template
 from markupsafe import Markup
 
 TEXT_LIMIT = 2000
@@ -78,9 +79,15 @@ FILTERS = ENV.from_string("""<div class="filters">
 {% for o in outcomes %}<option value="{{ o }}">{{ o }}</option>{% endfor %}</select><span id="f-count"></span></div>""")
 
 
+@lru_cache(maxsize=256)
+def _compiled(source: str) -> Template:
+    """Templates are this package's string constants: compile each once, not once per episode."""
+    return ENV.from_string(source)
+
+
 def render(template: str, **values: Any) -> Markup:
     """A fragment from an autoescaped template string (values are escaped; Markup stays as is)."""
-    return Markup(ENV.from_string(template).render(**values))
+    return Markup(_compiled(template).render(**values))
 
 
 def page(title: str, sections: Sequence[Any], script: str = "") -> str:

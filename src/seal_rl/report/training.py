@@ -32,7 +32,7 @@ from seal_rl.interface import GUIDELINE_FOR_LABEL, PARSE_LABEL, SCHEMA_LABEL, TO
 from seal_rl.report.episodes import episode_html
 from seal_rl.report.page import EPISODE_CAP, FILTER_JS, LABEL_COLOURS, figure, filters, page, render, sample_evenly
 from seal_rl.stats import wilson
-from seal_rl.tasks import CATEGORIES
+from seal_rl.tasks import CATEGORIES, Task, TaskSet
 
 METRICS_FILE = "metrics.jsonl"
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -163,16 +163,22 @@ def _recipe_env(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def rendered_prompt(state: InterfaceState, task_id: str, env: Mapping[str, Any]) -> str:
-    """What the agent saw before the first question under ``state``, for ``task_id``."""
-    from seal_rl.tasks import TaskSet
-
-    task = TaskSet.load().get(task_id)
+def rendered_prompt(state: InterfaceState, task: Task, env: Mapping[str, Any]) -> str:
+    """What the agent saw before the first question of ``task`` under ``state``."""
     interface = Interface(env.get("prompt_mode", "bfcl_qwen_fc"), state, call_format=env.get("call_format", "hermes"))
     text = "\n\n".join(m["content"] for m in interface.system(task.functions))
     if env.get("prompt_mode") == "chat_template":
         text += "\n\n[tools handed to the chat template]\n" + json.dumps(interface.tool_specs(task.functions), indent=1)
     return text
+
+
+def _example_task(task_id: str | None, category: str | None) -> Task | None:
+    if not task_id or category not in CATEGORIES:
+        return None
+    try:
+        return TaskSet.load([category]).get(task_id)
+    except (KeyError, SealError):
+        return None
 
 
 _TIMELINE = """<p class="legend"><span><i class="swatch" style="background:#2e7d32"></i>on</span>
@@ -197,7 +203,7 @@ def _spans(rounds: Sequence[int], keys: Sequence[Any]) -> list[tuple[int, int, i
     return spans
 
 
-def interface_section(run_dir: Path, rollouts: Sequence[Mapping[str, Any]], task_id: str | None) -> list[Markup]:
+def interface_section(run_dir: Path, rollouts: Sequence[Mapping[str, Any]], task: Task | None) -> list[Markup]:
     states = interface_states(run_dir)
     rounds = [m["round"] for m in rollouts]
     active = {m["round"]: list(m.get("interface/active") or []) for m in rollouts}
@@ -228,21 +234,18 @@ def interface_section(run_dir: Path, rollouts: Sequence[Mapping[str, Any]], task
         rows.append({"rounds": f"{first}" if first == last else f"{first}–{last}", "components": on, "pressure": pressure,
                      "reasons": [(c, switched_by(c, pressure)) for c in on]})  # fmt: skip
     texts, omitted = [], 0
-    if task_id and states:
+    if task is not None and states:
         env = _recipe_env(run_dir)
         state_rounds = sorted(states)
         state_keys = [json.dumps({**states[r].to_json(), "round": 0, "pressure": []}, sort_keys=True) for r in state_rounds]
         spans = _spans(state_rounds, state_keys)
         for first, last, i in spans[:INTERFACE_TEXT_CAP]:
-            try:
-                text = rendered_prompt(states[state_rounds[i]], task_id, env)
-            except (KeyError, SealError):
-                break
+            text = rendered_prompt(states[state_rounds[i]], task, env)
             texts.append({"rounds": f"{first}" if first == last else f"{first}–{last}",
                           "components": states[state_rounds[i]].active_components, "text": text})  # fmt: skip
         omitted = max(0, len(spans) - len(texts))
     return [figure(timeline, height=max(2.2, 0.3 * len(components) + 1.4), alt="interface timeline"),
-            render(_TIMELINE, rows=rows, texts=texts, omitted=omitted, task_id=task_id)]  # fmt: skip
+            render(_TIMELINE, rows=rows, texts=texts, omitted=omitted, task_id=task.id if task else "")]  # fmt: skip
 
 
 def success_section(rows: Sequence[Mapping[str, Any]]) -> Markup:
@@ -432,8 +435,9 @@ def training_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
         ax.set_title("Label distribution over rounds")
 
     sections += [Markup("<h2>Failure labels over training</h2>"), figure(label_area, alt="labels over rounds")]
-    task_id = next((r.get("task_id") for r in sampled if r.get("task_id")), None)
-    sections += [Markup("<h2>Interface evolution</h2>"), *interface_section(run_dir, rollouts, task_id)]
+    example = next((r for r in sampled if r.get("task_id")), {})
+    task = _example_task(example.get("task_id"), example.get("category"))
+    sections += [Markup("<h2>Interface evolution</h2>"), *interface_section(run_dir, rollouts, task)]
 
     weights = [m.get("apatch/label_weights") or {} for m in rollouts]
     weight_labels = [z for z in LABELS if any(z in w for w in weights)]
