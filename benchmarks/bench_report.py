@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seal_rl.report import write_report  # noqa: E402
-from seal_rl.report.page import EPISODE_CAP  # noqa: E402
+from seal_rl.report.page import EPISODE_CAP, ROLLOUT_CAP  # noqa: E402
 from tests.report_runs import write_training_run  # noqa: E402
 
 PAGE_LIMIT_MB = 40.0
@@ -54,14 +54,14 @@ def measure(run: Path, label: str, table: Table) -> float:
 
 
 def main() -> int:
-    console = Console()
+    console = Console(width=140)
     table = Table("run", "episodes in run", "episodes on page", "parse files (s)", "report (s)", "report / parse", "page (MiB)",
-                  title=f"seal report on big runs (browser cap {EPISODE_CAP} episodes)")  # fmt: skip
+                  title=f"seal report on big runs (browser keeps {EPISODE_CAP} eval episodes, {ROLLOUT_CAP} rollouts)")  # fmt: skip
     sizes = []
     text = "I will look into the directory and report what I find there. " * 8  # ~500 characters per message
     with tempfile.TemporaryDirectory() as tmp:
         for rounds in (10, 100, 1000):
-            run = write_training_run(Path(tmp) / f"train-{rounds}", rounds=rounds, per_round=16, text=text)
+            run = write_training_run(Path(tmp) / f"train-{rounds}", rounds=rounds, per_round=16, text=text)  # 16 rollouts a round
             sizes.append(measure(run, f"training, {rounds} rounds", table))
         from seal_rl.env import EnvConfig
         from seal_rl.evaluate import evaluate

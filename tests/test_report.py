@@ -15,7 +15,7 @@ from seal_rl.errors import SealError
 from seal_rl.interface import GUIDELINES
 from seal_rl.report import compare_report, eval_report, training_report, write_report
 from seal_rl.report.episodes import episode_html, steps_of
-from seal_rl.report.evaluation import end_reasons, label_counts
+from seal_rl.report.evaluation import browsable, end_reasons, label_counts
 from seal_rl.report.page import sample_evenly
 from seal_rl.report.training import optimisation_metrics, switched_by, time_section
 from tests.report_runs import episode, write_eval_run, write_training_run
@@ -223,6 +223,15 @@ def test_sampling_keeps_at_most_cap_in_order_with_both_ends(n, cap):
     assert len(kept) == min(n, cap) and kept == sorted(set(kept))
     if n:
         assert kept[0] == 0 and (cap == 1 or kept[-1] == n - 1)
+
+
+@given(tasks=st.integers(1, 30), samples=st.integers(1, 4), cap=st.integers(1, 50))
+def test_the_browser_shows_every_task_before_a_second_sample(tasks, samples, cap):
+    records = [{"task_id": f"t{t}", "sample": s} for t in range(tasks) for s in range(samples)]
+    shown = browsable(records, cap)
+    assert len(shown) == min(cap, len(records))
+    assert [records.index(r) for r in shown] == sorted(records.index(r) for r in shown)  # run order
+    assert len({r["task_id"] for r in shown}) == min(tasks, len(shown))  # no task twice while one is missing
 
 
 def test_the_browser_keeps_at_most_cap_episodes_and_says_so(tmp_path):

@@ -119,6 +119,19 @@ def end_reasons(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Counter
     return dict(table), reasons
 
 
+def browsable(records: Sequence[Mapping[str, Any]], cap: int) -> list[Mapping[str, Any]]:
+    """At most ``cap`` records for the browser, in run order: every task's first sample before any
+    second one (so the task-id search finds every task while they fit), each group spread evenly."""
+    if len(records) <= cap:
+        return list(records)
+    first = [i for i, r in enumerate(records) if not r.get("sample")]
+    if len(first) >= cap:
+        return [records[i] for i in sample_evenly(first, cap)]
+    chosen = set(first)
+    chosen.update(sample_evenly([i for i in range(len(records)) if i not in chosen], cap - len(first)))
+    return [records[i] for i in sorted(chosen)]
+
+
 def eval_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
     records = read_results(run_dir)
     if not records:
@@ -128,7 +141,7 @@ def eval_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
     per_category, per_turn = label_counts(records)
     present = [z for z in LABELS if any(z in c for c in per_category.values())]
     reasons_by_category, reasons = end_reasons(records)
-    shown = sample_evenly(records, cap)
+    shown = browsable(records, cap)
     versions = " · ".join(f"{k} {v}" for k, v in (config.get("versions") or {}).items())
     sections = [
         render("<p class='meta'>policy {{ policy }} · {{ n }} episodes · {{ versions }}</p>",
@@ -141,7 +154,7 @@ def eval_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
         Markup("<h2>How episodes ended</h2>"), share_table(reasons_by_category, reasons, "category"),
         Markup("<h2>Trajectories</h2>"),
         render("{% if shown < total %}<p class='meta'>Showing {{ shown }} of {{ total }} episodes, spread evenly over the run "
-               "(the page keeps at most {{ shown }}); every rate above counts all {{ total }}.</p>{% endif %}",
+               "(every task's first sample first; the page keeps at most {{ shown }}); every rate above counts all {{ total }}.</p>{% endif %}",
                shown=len(shown), total=len(records)),  # fmt: skip
         filters([c for c in CATEGORIES if c in per_category], present, ["pass", "fail", "error"]),
         *(episode_html(r) for r in shown),

@@ -20,8 +20,10 @@ from markupsafe import Markup
 
 TEXT_LIMIT = 2000
 """longest text shown in one block; the rest is cut with a note of how much"""
-EPISODE_CAP = 2000
-"""most episodes embedded in one page (the page says when it shows a sample)"""
+EPISODE_CAP = 1000
+"""most evaluation episodes embedded in one page (the page says when it shows a selection)"""
+ROLLOUT_CAP = 500
+"""most training rollouts embedded in one page (spread evenly over the run; the page says so)"""
 
 LABEL_COLOURS = {
     "pass": "#2e7d32", "correct_abstention": "#66bb6a", "spurious_tool_call": "#ab47bc",

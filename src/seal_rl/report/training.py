@@ -30,7 +30,7 @@ from seal_rl.diagnose import LABELS
 from seal_rl.errors import SealError
 from seal_rl.interface import GUIDELINE_FOR_LABEL, PARSE_LABEL, SCHEMA_LABEL, TOOL_ERROR_LABEL, Interface, InterfaceState
 from seal_rl.report.episodes import episode_html
-from seal_rl.report.page import EPISODE_CAP, FILTER_JS, LABEL_COLOURS, figure, filters, page, render, sample_evenly
+from seal_rl.report.page import ROLLOUT_CAP, FILTER_JS, LABEL_COLOURS, figure, filters, page, render, sample_evenly
 from seal_rl.stats import wilson
 from seal_rl.tasks import CATEGORIES, Task, TaskSet
 
@@ -403,7 +403,7 @@ def _trajectory_rows(path: Path, cap: int) -> tuple[list[dict[str, Any]], list[d
     return light, full, total
 
 
-def training_report(run_dir: Path, *, cap: int = EPISODE_CAP) -> str:
+def training_report(run_dir: Path, *, cap: int = ROLLOUT_CAP) -> str:
     lines = read_lines(run_dir / METRICS_FILE)
     rollouts = sorted((m for m in lines if m.get("kind", "rollout") == "rollout" and "round" in m), key=lambda m: m["round"])
     if not rollouts:
