@@ -405,7 +405,8 @@ def _trajectory_rows(path: Path, cap: int) -> tuple[list[dict[str, Any]], list[d
 
 def training_report(run_dir: Path, *, cap: int = ROLLOUT_CAP) -> str:
     lines = read_lines(run_dir / METRICS_FILE)
-    rollouts = sorted((m for m in lines if m.get("kind", "rollout") == "rollout" and "round" in m), key=lambda m: m["round"])
+    rollouts = sorted((m for m in lines if m.get("kind", "rollout") == "rollout" and "round" in m and "labels/share" in m),
+                      key=lambda m: m["round"])  # one per round; lines of other kinds (TRL's, validation) are read apart
     if not rollouts:
         raise SealError(f"{run_dir}/metrics.jsonl has no rounds yet.")
     light, sampled, total = _trajectory_rows(run_dir / TRAJECTORIES_FILE, cap)
