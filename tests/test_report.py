@@ -369,3 +369,16 @@ def test_headless_chromium_renders_the_report(hf_run, tmp_path):
         capture_output=True, timeout=120,
     )  # fmt: skip
     assert shot.exists() and shot.stat().st_size > 20_000
+
+
+def test_validation_lines_get_a_chart_per_category(tmp_path):
+    run = write_training_run(tmp_path / "run")
+    assert "No validation points" in training_report(run)
+    lines = [{"round": r, "step": r, "kind": "validation", "validation/average": 0.25 * r, "validation/average_ci95": [0.0, 0.9],
+              "validation/categories": {"base": {"success_rate": 0.5, "ci95": [0.1, 0.9], "episodes": 4}}} for r in (0, 2, 4)]  # fmt: skip
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.writelines(json.dumps(line) + "\n" for line in lines)
+    page = training_report(run)
+    section = page.split("<h2>Validation</h2>")[1].split("<h2>")[0]
+    assert "No validation points" not in page and section.count('alt="validation"') == 1
+    assert page.count("<h2>Success over training</h2>") == 1 and "4 rounds" in page  # validation lines are not rounds
