@@ -17,7 +17,8 @@ from seal_rl.report import compare_report, eval_report, training_report, write_r
 from seal_rl.report.episodes import episode_html, steps_of
 from seal_rl.report.evaluation import browsable, end_reasons, label_counts
 from seal_rl.report.page import sample_evenly
-from seal_rl.report.training import optimisation_metrics, switched_by, time_section
+from seal_rl.report.interface import switched_by
+from seal_rl.report.training import optimisation_metrics, time_section
 from tests.report_runs import episode, write_eval_run, write_training_run
 
 EIGHT = ("multi_turn_base_1,multi_turn_base_4,multi_turn_miss_func_1,multi_turn_miss_func_2,"

@@ -8,9 +8,11 @@ Trajectory browsers keep at most :data:`~seal_rl.report.page.EPISODE_CAP` episod
 evenly over the run, and say so; every rate and chart counts all of them.
 
 * :mod:`~seal_rl.report.evaluation` — evaluation runs (``results.jsonl``).
-* :mod:`~seal_rl.report.training` — training runs (``metrics.jsonl``, ``trajectories.jsonl``).
+* :mod:`~seal_rl.report.training` — training runs (``metrics.jsonl``, ``trajectories.jsonl``);
+  its interface timeline is :mod:`~seal_rl.report.interface`.
 * :mod:`~seal_rl.report.compare` — two evaluation runs side by side.
 * :mod:`~seal_rl.report.episodes` — one episode as the agent saw it.
+* :mod:`~seal_rl.report.page` — templates, styles, script and charts every page shares.
 """
 
 from __future__ import annotations
