@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["bench_env.py", "differential.py", "bench_diagnosis.py", "bench_train.py", "bench_eval.py", "bench_service.py", "bench_report.py"]
+BENCHMARKS = ["bench_env.py", "differential.py", "bench_diagnosis.py", "bench_train.py", "bench_eval.py", "bench_service.py"]
 
 if __name__ == "__main__":
     failed = []
