@@ -138,7 +138,7 @@ def test_calls_in_a_rejected_message_are_shown_rejected_with_what_the_agent_saw(
 def test_an_unparseable_message_is_shown_as_not_parsed(replay_run):
     (record,) = _records(replay_run)
     block = str(episode_html(record))
-    assert "message not parsed" in block and "[None]" not in block
+    assert '<span class="tag">not parsed</span> nothing in this message ran' in block and "[None]" not in block
 
 
 def test_steps_inferred_from_the_trace_match_the_environment(faulty_runs, replay_run):

@@ -488,7 +488,7 @@ class SealLoop:
                 "dropped": record.get("dropped"),
                 "labels": [t["label"] for t in record["diagnosis"]["labels"]],
                 "reference_labels": record["reference_labels"], "apatch_weight": weight,
-                "advantage_before": a, "advantage_after": b, "messages": record["messages"],
+                "advantage_before": a, "advantage_after": b, "messages": record["messages"], "steps": record["steps"],
                 "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
             })  # fmt: skip
         rows = _gather(trainer, rows)

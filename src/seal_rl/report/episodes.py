@@ -31,7 +31,7 @@ data-task="{{ task_id }}"><summary>{% if index is not none %}#{{ index }} {% end
 {% for text in turn.question %}<pre>{{ text|clip }}</pre>{% endfor %}
 {% if not turn.steps and not turn.question %}<div class="meta">(not reached)</div>{% endif %}
 {% for step in turn.steps %}<div class="meta">assistant, step {{ step.index }} → {{ step.event }}</div><pre>{{ step.text|clip }}</pre>
-{% if step.parse_error is not none %}<div class="rejected-msg"><span class="tag">rejected</span> message not parsed: {{ step.parse_error|clip(600) }}</div>{% endif %}
+{% if step.parse_error is not none %}<div class="rejected-msg"><span class="tag">not parsed</span> nothing in this message ran: {{ step.parse_error|clip(600) }}</div>{% endif %}
 {% for call in step.calls %}{% if call.status == "rejected" %}<div class="rejected-call"><span class="tag">rejected</span> <span class="rejected">{{ call.text }}</span>
 {% if call.error %} <span class="meta">{{ call.error|clip(600) }}</span>{% else %} <span class="meta">not executed</span>{% endif %}</div>
 {% else %}<div class="{{ call.status }}">call {{ call.text }}</div><pre>{{ call.result|clip(800) }}</pre>{% endif %}{% endfor %}

@@ -112,6 +112,7 @@ def label_counts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Counte
 
 
 def end_reasons(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Counter], list[str]]:
+    """``end_reason`` counts per category, and the reasons seen (``completed`` first)."""
     table: dict[str, Counter] = defaultdict(Counter)
     for record in records:
         table[record["category"]][str(record.get("end_reason"))] += 1

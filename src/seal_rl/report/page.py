@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -62,7 +61,6 @@ document.addEventListener('DOMContentLoaded',applyFilters);
 ENV = Environment(autoescape=True, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 ENV.filters["clip"] = lambda text, limit=TEXT_LIMIT: clip(text, limit)
 ENV.filters["pct"] = lambda value: f"{value:.1%}"
-ENV.filters["tojson_text"] = lambda value: json.dumps(value, ensure_ascii=False)  # escaped afterwards like any text
 
 PAGE = ENV.from_string("""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
 <style>{{ css }}</style></head><body><h1>{{ title }}</h1>
