@@ -220,6 +220,7 @@ def compare_command(
     run_a: Annotated[Path, typer.Argument(help="The baseline run directory (A).")],
     run_b: Annotated[Path, typer.Argument(help="The run compared with it (B).")],
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples for the interval of the average difference.")] = 10_000,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write this HTML page: both runs side by side, label shift, flipped tasks.")] = None,
 ) -> None:
     """Compare two evaluation runs task by task: exact McNemar tests and a bootstrap interval."""
     result = compare_runs(read_results(run_a), read_results(run_b), resamples=resamples)
@@ -236,6 +237,11 @@ def compare_command(
     out.print(f"average of category rates, B − A: {estimate:+.1%} (95% paired bootstrap: {low:+.1%} to {high:+.1%})")
     if result.only_in_a or result.only_in_b:
         out.print(f"not paired: {result.only_in_a} episodes only in A, {result.only_in_b} only in B (left out)")
+    if html is not None:
+        from seal_rl.report import write_compare_report
+
+        target = write_compare_report(run_a, run_b, html, resamples=resamples)
+        out.print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
 
 
 def _plan_on_gpus(recipe) -> None:

@@ -15,7 +15,7 @@ Per round (one TRL generation batch: ``tasks_per_step`` tasks × ``num_generatio
 All SEAL state (C_t, Ω_t, ρ, round) is saved in every checkpoint and restored by ``--resume``.
 A run directory holds ``config.yaml`` (with the resolved task ids), ``metrics.jsonl`` (a
 ``rollout`` line per round and a ``validation`` line per validation), ``trajectories.jsonl``,
-``profile/``, ``interface/``, ``checkpoints/`` and ``model/``; with a recipe's ``warm_start``
+``profile/``, ``interface/``, ``time.json``, ``checkpoints/`` and ``model/``; with a recipe's ``warm_start``
 also ``warm_start/`` (the SFT model RL starts from, :mod:`seal_rl.sft`), with ``eval.keep_best``
 also ``best/``. Validation is greedy and strict with the interface removed, on held-out
 training-split tasks unless the recipe names others.
@@ -54,6 +54,8 @@ from seal_rl.trajectory import ChatTokens
 
 SEAL_STATE_FILE = "seal_state.json"
 METRICS_FILE = "metrics.jsonl"
+TIME_FILE = "time.json"
+"""this session's seconds per phase when training ended, the last round's optimisation included"""
 
 
 # -- recipe ------------------------------------------------------------------------------------
@@ -486,7 +488,7 @@ class SealLoop:
                 "dropped": record.get("dropped"),
                 "labels": [t["label"] for t in record["diagnosis"]["labels"]],
                 "reference_labels": record["reference_labels"], "apatch_weight": weight,
-                "advantage_before": a, "advantage_after": b, "messages": record["messages"],
+                "advantage_before": a, "advantage_after": b, "messages": record["messages"], "steps": record["steps"],
                 "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
             })  # fmt: skip
         rows = _gather(trainer, rows)
@@ -913,6 +915,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
     rounds_before = loop.state.round
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if is_main and loop.state.round > rounds_before:  # book the last round's update, which no next round will
+        loop.timing["optimisation"] += time.perf_counter() - loop._round_started
+        (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
+                                                 "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
     if loop.apatch_hook_calls != loop.state.round - rounds_before:
         raise RuntimeError(
             f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
