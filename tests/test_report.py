@@ -66,14 +66,14 @@ def hf_run(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def replay_run(tmp_path_factory):
-    """multi_turn_base_0 played by a replay: a message with one real and one unknown call (rejected
+    """multi_turn_base_0 played by a replay under the seal protocol (as training plays): a message with one real and one unknown call (rejected
     whole), a hostile text answer, and an unparseable call."""
     tmp = tmp_path_factory.mktemp("replay")
     messages = ['<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>\n'
                 '<tool_call>\n{"name": "no_such_tool", "arguments": {"x": "<b>bold</b>"}}\n</tool_call>',
                 HOSTILE, "<tool_call>\n{not json\n</tool_call>"]  # fmt: skip
     (tmp / "replay.jsonl").write_text(json.dumps({"task_id": "multi_turn_base_0", "assistant": messages}) + "\n")
-    _seal("eval", "--policy", f"replay:{tmp / 'replay.jsonl'}", "--out", str(tmp / "run"))
+    _seal("eval", "--policy", f"replay:{tmp / 'replay.jsonl'}", "--out", str(tmp / "run"), "--protocol", "seal")
     return tmp / "run"
 
 
@@ -83,8 +83,8 @@ def faulty_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faulty")
     tasks = ",".join([*(f"multi_turn_base_{i}" for i in range(6)), *(f"multi_turn_miss_func_{i}" for i in range(3)),
                       *(f"multi_turn_miss_param_{i}" for i in range(3))])  # fmt: skip
-    _seal("eval", "-p", "oracle:faults=0.6,seed=3", "--tasks", tasks, "--samples", "2", "--out", str(tmp / "a"))
-    _seal("eval", "-p", "oracle", "--tasks", tasks, "--samples", "2", "--out", str(tmp / "b"))
+    _seal("eval", "-p", "oracle:faults=0.6,seed=3", "--tasks", tasks, "--samples", "2", "--out", str(tmp / "a"), "--protocol", "seal")
+    _seal("eval", "-p", "oracle", "--tasks", tasks, "--samples", "2", "--out", str(tmp / "b"), "--protocol", "seal")
     return tmp / "a", tmp / "b"
 
 
