@@ -261,6 +261,8 @@ class BfclResultPolicy:
     decoder: str | None = None
     """``fc`` | ``hermes`` | ``pythonic``; None: detected from the files (:func:`detect_decoder`)"""
     selects_tasks: bool = False
+    unknown: list[str] = field(default_factory=list, compare=False, hash=False)
+    """ids of entries left out because the pinned data has no such task (filled by episodes())"""
 
     @property
     def name(self) -> str:
@@ -295,18 +297,11 @@ class BfclResultPolicy:
                 turns = [[fc_step_text(s) if decoder == "fc" else s for s in turn] for turn in entry.result]
                 agent = RecordedAgent(turns)
             episodes.append(Episode(len(episodes) + 1, task, agent, {"bfcl_result": source}))
-        if unknown:
+        if unknown and not episodes:
             shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-            raise_or_warn = f"{len(unknown)} entries name tasks the pinned bfcl-eval data does not have: {shown}"
-            if not episodes:
-                raise SealError(f"bfcl-result: {raise_or_warn}.")
-            for episode in episodes:
-                episode.extra["bfcl_result"]["unknown_tasks"] = len(unknown)
-            self.unknown.extend(unknown)
+            raise SealError(f"bfcl-result: every entry names a task the pinned bfcl-eval data does not have: {shown}.")
+        self.unknown[:] = unknown
         return episodes
-
-    unknown: list[str] = field(default_factory=list, compare=False, hash=False)
-    """ids of entries left out because the pinned data has no such task (filled by episodes())"""
 
 
 def _bfcl_result_policy(rest: str) -> BfclResultPolicy:
