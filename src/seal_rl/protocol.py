@@ -152,7 +152,10 @@ def decode_hermes(text: str) -> Decoded:
 
 
 class _Declined(Exception):
-    pass
+    """The official decoder would eval() this, or JSON cannot hold it (:data:`DECLINED`)."""
+
+
+_Missing = object()
 
 
 def _value(node: ast.AST) -> Any:
@@ -189,9 +192,6 @@ def _value(node: ast.AST) -> Any:
     if isinstance(node, ast.Subscript):
         return ast.unparse(node.value) + "[" + ast.unparse(node.slice) + "]"
     raise ValueError(f"Unsupported AST type: {type(node)}")
-
-
-_Missing = object()
 
 
 def _official_value(value: Any) -> Any:
