@@ -185,7 +185,7 @@ def eval_command(
 def export_bfcl_command(
     run_dir: Annotated[Path, typer.Argument(help="A `seal eval` run directory.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Result directory to write (give it to `bfcl evaluate --result-dir`).")],
-    model: Annotated[str | None, typer.Option(help="BFCL model name whose handler decodes the run's call format [default: Qwen/Qwen3-8B-FC for hermes, Qwen/Qwen3-8B for pythonic].")] = None,
+    model: Annotated[str | None, typer.Option(help="BFCL model name whose handler decodes the run's call format (default: Qwen/Qwen3-8B-FC for hermes runs, Qwen/Qwen3-8B for pythonic ones).")] = None,
 ) -> None:
     """Write an evaluation run as BFCL result files, so that the official `bfcl evaluate` scores it."""
     import json
