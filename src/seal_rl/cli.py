@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,7 @@ from rich.table import Column, Table
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.env import EnvConfig
-from seal_rl.errors import SealError
+from seal_rl.errors import SealError, SealWarning
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.evaluate import ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
@@ -462,8 +463,20 @@ def entry() -> None:
     main()
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings of seal-rl's own (:class:`SealWarning`) as one line; others as Python prints them."""
+    if issubclass(category, SealWarning):
+        err.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main() -> None:
     """Entry point of the ``seal`` command: user errors become one line on stderr and exit code 2."""
+    warnings.showwarning = _show_warning
     try:
         app()
     except SealError as exc:

@@ -8,3 +8,8 @@ The CLI prints that message on one line and exits non-zero; it never shows a tra
 
 class SealError(Exception):
     """An error caused by input the user can correct; the message says how."""
+
+
+class SealWarning(UserWarning):
+    """Something the user should know that does not stop the work (a torn or corrupt log line
+    left out, a setting that makes no sense together with another). The CLI prints it on one line."""

@@ -24,8 +24,8 @@ protocol, the split and the number of tasks behind every number.
 from __future__ import annotations
 
 import json
-import os
 import platform
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,9 +35,11 @@ from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
-from seal_rl.errors import SealError
+from seal_rl import jsonl
+from seal_rl.errors import SealError, SealWarning
 from seal_rl.policies import BfclResultPolicy, Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
 from seal_rl.generators import HFGenerator, OpenAIGenerator, ScriptedGenerator, ServerSettings, VLLMEngineGenerator
+from seal_rl.runlock import run_lock
 from seal_rl.rollout import Budgets, Generator, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson
 from seal_rl.tasks import CATEGORIES
@@ -167,31 +169,17 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
 
 
 def _read_complete_lines(path: Path) -> list[dict[str, Any]]:
-    """Episode records of a results file, dropping a last line cut short by a crash or Ctrl-C."""
-    records, keep = [], 0
-    with open(path, "rb") as handle:
-        for raw in handle:
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("incomplete line")
-                records.append(json.loads(raw))
-                keep += len(raw)
-            except ValueError:
-                break
-    if keep < path.stat().st_size:
-        with open(path, "r+b") as handle:
-            handle.truncate(keep)
-    return records
-
-
-def _rewrite(path: Path, records: Sequence[dict[str, Any]]) -> None:
-    """Replace a results file atomically (a crash leaves the old or the new one, never half)."""
-    partial = path.with_suffix(".jsonl.partial")
-    with open(partial, "w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+    """Episode records of a results file. A last line cut short by a crash or Ctrl-C is cut off;
+    a corrupt line elsewhere is reported and dropped from the file (its episode is played again),
+    and the lines after it are kept."""
+    lines = jsonl.read(path)
+    for problem in lines.problems:
+        warnings.warn(problem + " (that episode is played again)", SealWarning, stacklevel=3)
+    if len(lines.problems) > bool(lines.torn):
+        jsonl.rewrite(path, lines.values)
+    else:
+        jsonl.truncate_torn(path, lines)
+    return lines.values
 
 
 def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
@@ -255,60 +243,60 @@ def evaluate(
         "split": split,
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
-    done = _resumable(Path(out), config, overwrite)
-    if any(r.get("error") for r in done):  # generation errors are played again on resume
-        done = [r for r in done if not r.get("error")]
-        _rewrite(Path(out) / RESULTS_FILE, done)
-    if done and on_resume is not None:
-        on_resume(done)
-    owned = generator is None  # a generator made here is closed here (connections, threads)
-    if generator is None:
-        generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
-    else:
-        budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
-                          max_new_tokens=settings.max_new_tokens)  # fmt: skip
-    records = [{k: r.get(k) for k in ("task_id", "category", "reward", "error")} for r in done]
-    finished = {r["index"] for r in done}
-    todo = [e for e in episodes if e.index not in finished]
-    waiting: dict[int, dict[str, Any]] = {}
-    order = iter(e.index for e in todo)
-    next_index = next(order, None)
-    with open(Path(out) / RESULTS_FILE, "a", encoding="utf-8") as results:
+    with run_lock(Path(out)):  # one writer per run directory
+        done = _resumable(Path(out), config, overwrite)
+        if any(r.get("error") for r in done):  # generation errors are played again on resume
+            done = [r for r in done if not r.get("error")]
+            jsonl.rewrite(Path(out) / RESULTS_FILE, done)
+        if done and on_resume is not None:
+            on_resume(done)
+        owned = generator is None  # a generator made here is closed here (connections, threads)
+        if generator is None:
+            generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
+        else:
+            budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
+                              max_new_tokens=settings.max_new_tokens)  # fmt: skip
+        records = [{k: r.get(k) for k in ("task_id", "category", "reward", "error")} for r in done]
+        finished = {r["index"] for r in done}
+        todo = [e for e in episodes if e.index not in finished]
+        waiting: dict[int, dict[str, Any]] = {}
+        order = iter(e.index for e in todo)
+        next_index = next(order, None)
+        with open(Path(out) / RESULTS_FILE, "a", encoding="utf-8") as results:
 
-        def done_callback(rollout) -> None:  # write finished episodes in input order
-            nonlocal next_index
-            add_diagnosis(rollout.record)
-            waiting[rollout.index] = rollout.record
-            while next_index in waiting:
-                record = waiting.pop(next_index)
-                results.write(json.dumps(record, ensure_ascii=False) + "\n")
-                results.flush()
-                records.append({k: record.get(k) for k in ("task_id", "category", "reward", "error")})
-                if on_episode is not None:
-                    on_episode(record)
-                next_index = next(order, None)
+            def done_callback(rollout) -> None:  # write finished episodes in input order
+                nonlocal next_index
+                add_diagnosis(rollout.record)
+                waiting[rollout.index] = rollout.record
+                while next_index in waiting:
+                    record = waiting.pop(next_index)
+                    jsonl.append(results, record)
+                    records.append({k: record.get(k) for k in ("task_id", "category", "reward", "error")})
+                    if on_episode is not None:
+                        on_episode(record)
+                    next_index = next(order, None)
 
-        catalog = ToolCatalog()
-        try:
-            run_episodes(
-                [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
-                chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
-            )  # fmt: skip
-        finally:
-            if owned and hasattr(generator, "close"):
-                generator.close()
-    kept = _read_complete_lines(Path(out) / RESULTS_FILE) if done else None
-    if kept is not None and [r["index"] for r in kept] != sorted(r["index"] for r in kept):
-        _rewrite(Path(out) / RESULTS_FILE, sorted(kept, key=lambda r: r["index"]))  # retried episodes back in place
-    summary = {
-        "policy": name,
-        "protocol": env_config.protocol,
-        "split": split,
-        "tasks": len({e.task.id for e in episodes}),
-        **summarize(records),
-    }
-    (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+            catalog = ToolCatalog()
+            try:
+                run_episodes(
+                    [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
+                    chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
+                )  # fmt: skip
+            finally:
+                if owned and hasattr(generator, "close"):
+                    generator.close()
+        kept = _read_complete_lines(Path(out) / RESULTS_FILE) if done else None
+        if kept is not None and [r["index"] for r in kept] != sorted(r["index"] for r in kept):
+            jsonl.rewrite(Path(out) / RESULTS_FILE, sorted(kept, key=lambda r: r["index"]))  # retried episodes back in place
+        summary = {
+            "policy": name,
+            "protocol": env_config.protocol,
+            "split": split,
+            "tasks": len({e.task.id for e in episodes}),
+            **summarize(records),
+        }
+        (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
@@ -317,17 +305,12 @@ def read_results(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         hint = " (it is a file; give the run directory)" if Path(run_dir).is_file() else ""
         raise SealError(f"No {RESULTS_FILE} in {run_dir}{hint}; run `seal eval --out {run_dir}` first.")
-    records = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise SealError(f"{path}:{number}: not valid JSON ({exc}); the line may be cut short by a crash.") from None
-            if not isinstance(record, dict) or "verdict" not in record or "trace" not in record:
-                raise SealError(f"{path}:{number}: not an episode record (no verdict/trace).")
-            records.append(record)
+    lines = jsonl.read(path)
+    for problem in lines.problems:
+        warnings.warn(problem, SealWarning, stacklevel=2)
+    for number, record in zip(lines.numbers, lines.values):
+        if not isinstance(record, dict) or "verdict" not in record or "trace" not in record:
+            raise SealError(f"{path}:{number}: not an episode record (no verdict/trace).")
+    records = lines.values
     return records
 

@@ -152,7 +152,8 @@ def _read_lines(path: Path) -> list[tuple[int, str]]:
         raise SealError(f"Replay file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
     except OSError as exc:
         raise SealError(f"Cannot read replay file {path}: {exc.strerror}.") from None
-    return [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    # "\n" only: U+2028, U+0085 and the like are legal inside JSON strings (str.splitlines splits on them)
+    return [(number, line) for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
 
 
 def _parse_replay_line(path: Path, index: int, line: str) -> dict[str, Any]:

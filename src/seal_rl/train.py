@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+from contextlib import ExitStack
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -41,12 +43,14 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
 from seal_rl.diagnose import PRIORITIES, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
-from seal_rl.errors import SealError
+from seal_rl import jsonl
+from seal_rl.errors import SealError, SealWarning
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
+from seal_rl.runlock import run_lock
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
@@ -498,7 +502,7 @@ class SealLoop:
         round_index = self.state.round
         with open(self.out / "trajectories.jsonl", "a", encoding="utf-8") as handle:
             for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                jsonl.append(handle, row)
         self.state.profile.save(self.out / "profile" / f"step_{round_index}.json")
         (self.out / "interface").mkdir(parents=True, exist_ok=True)
         (self.out / "interface" / f"step_{round_index}.json").write_text(
@@ -508,7 +512,7 @@ class SealLoop:
         )
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(metrics) + "\n")
+            jsonl.append(handle, metrics)
 
 
 def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
@@ -690,8 +694,8 @@ def read_metrics(run_dir: Path, kind: str = "rollout") -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    lines = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return [line for line in lines if line.get("kind", "rollout") == kind]
+    lines = jsonl.read(path)  # a torn last line (a kill mid-write) is left out
+    return [line for line in lines.values if isinstance(line, dict) and line.get("kind", "rollout") == kind]
 
 
 def _best_validation(run_dir: Path) -> float | None:
@@ -701,21 +705,30 @@ def _best_validation(run_dir: Path) -> float | None:
 
 
 def _drop_logs_after(out: Path, round_index: int) -> None:
-    """Keep only log lines of rounds up to ``round_index`` (those the checkpoint has seen)."""
+    """Keep only log lines of rounds up to ``round_index`` (those the checkpoint has seen); a torn
+    or corrupt line (a kill mid-write) goes too. Each file is replaced atomically."""
     for name in (METRICS_FILE, "trajectories.jsonl"):
         path = out / name
         if path.exists():
-            kept = [line for line in path.read_text().splitlines() if json.loads(line)["round"] <= round_index]
-            path.write_text("".join(line + "\n" for line in kept))
+            lines = jsonl.read(path)
+            jsonl.rewrite(path, [v for v in lines.values if isinstance(v, dict) and v.get("round", 0) <= round_index])
+    for folder in ("profile", "interface"):  # per-round state files of rounds the checkpoint has not seen
+        for path in (out / folder).glob("step_*.json"):
+            if int(path.stem.split("_", 1)[1]) > round_index:
+                path.unlink()
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    """The newest ``checkpoints/checkpoint-N`` of a run directory that has SEAL state."""
+def latest_checkpoint(run_dir: Path, *, required: bool = True) -> Path | None:
+    """The newest ``checkpoints/checkpoint-N`` of a run directory that has SEAL state (written
+    last, so a checkpoint a kill cut short is never chosen); None if there is none and not
+    ``required``."""
     candidates = sorted(
         (p for p in (Path(run_dir) / "checkpoints").glob("checkpoint-*") if (p / SEAL_STATE_FILE).exists()),
         key=lambda p: int(p.name.rsplit("-", 1)[1]),
     )
     if not candidates:
+        if not required:
+            return None
         raise SealError(f"No checkpoint with SEAL state under {run_dir}/checkpoints; nothing to resume.")
     return candidates[-1]
 
@@ -827,107 +840,113 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     layout = batch_layout(recipe, distributed.num_processes)
     is_main = distributed.is_main_process
     out = Path(out)
-    if resume is not None and Path(resume).resolve() != out.resolve():
-        raise SealError("--resume continues a run in place: pass the same directory as --out (or omit --out).")
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        if resume is None and (out / METRICS_FILE).exists():
-            raise SealError(f"{out} already holds a training run; choose another --out or resume it with --resume {out}.")
-        resolved = OmegaConf.structured(recipe)
-        resolved.data.task_ids = [t.id for t in tasks]
-        resolved.eval.tasks = [t.id for t in validation]
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-    with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
-        model_path = _prepare_model(recipe, out, task_set)
-    if recipe.warm_start.data:
-        if distributed.num_processes > 1:
-            raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
-                            "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
-        if not (out / "warm_start" / "model" / "config.json").exists():
-            warm_start(recipe, out / "warm_start", task_set, tasks, model_path)
-        model_path = str(out / "warm_start" / "model")
-
-    g = recipe.grpo
-    budgets = Budgets(**recipe.budgets)
-    save_steps = g.save_steps or layout["updates_per_round"]
-    if save_steps % layout["updates_per_round"]:
-        raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
-    args = GRPOConfig(
-        output_dir=str(out / "checkpoints"),
-        per_device_train_batch_size=g.per_device_train_batch_size,
-        gradient_accumulation_steps=layout["gradient_accumulation_steps"],
-        steps_per_generation=layout["steps_per_generation"],
-        num_generations=g.num_generations,
-        learning_rate=g.learning_rate,
-        lr_scheduler_type=g.lr_scheduler_type,
-        num_train_epochs=g.num_train_epochs,
-        max_steps=g.max_steps,
-        beta=g.beta,
-        epsilon=g.epsilon,
-        delta=g.delta,
-        loss_type=g.loss_type,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        seed=g.seed,
-        bf16=g.bf16,
-        weight_decay=g.weight_decay,
-        use_bias_correction_kl=g.use_bias_correction_kl,
-        use_vllm=g.use_vllm,
-        vllm_mode=g.vllm_mode,
-        vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-        vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
-        vllm_importance_sampling_correction=g.vllm_importance_sampling_correction,
-        # The engine's context is one whole episode; a single call generates at most max_new_tokens
-        # (the driver asks for less when the episode's budget is nearly spent).
-        vllm_max_model_length=budgets.max_prompt_tokens + budgets.max_completion_tokens,
-        max_completion_length=budgets.max_new_tokens,
-        logging_steps=g.logging_steps,
-        save_strategy="steps",
-        save_steps=save_steps,
-        save_total_limit=g.save_total_limit,
-        report_to=g.report_to,
-        activation_checkpointing=recipe.model.gradient_checkpointing,
-        remove_unused_columns=False,
-        use_cpu=not torch.cuda.is_available(),
-        **g.extra,
-    )
-    dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
-
-    loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
-    checkpoint = None
-    if resume is not None:
-        checkpoint = latest_checkpoint(resume)
-        loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
+    with ExitStack() as held:
         if is_main:
-            _drop_logs_after(out, loop.state.round)
-        loop.best_validation = _best_validation(out)
-    trainer_class = make_trainer_class()
-    trainer = trainer_class(
-        model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
-        rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
-    )  # fmt: skip
-    trainer.seal = loop
-    _fsdp_on_cpu(trainer)
-    if validation and recipe.eval.every_rounds:
-        trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
-    rounds_before = loop.state.round
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    if is_main and loop.state.round > rounds_before:  # book the last round's update, which no next round will
-        loop.timing["optimisation"] += time.perf_counter() - loop._round_started
-        (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
-                                                 "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
-    if loop.apatch_hook_calls != loop.state.round - rounds_before:
-        raise RuntimeError(
-            f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
-            f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
+            held.enter_context(run_lock(out))  # one writer per run directory
+        if resume is not None and Path(resume).resolve() != out.resolve():
+            raise SealError("--resume continues a run in place: pass the same directory as --out (or omit --out).")
+        if is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if resume is None and (out / METRICS_FILE).exists():
+                raise SealError(f"{out} already holds a training run; choose another --out or resume it with --resume {out}.")
+            resolved = OmegaConf.structured(recipe)
+            resolved.data.task_ids = [t.id for t in tasks]
+            resolved.eval.tasks = [t.id for t in validation]
+            (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
+            model_path = _prepare_model(recipe, out, task_set)
+        if recipe.warm_start.data:
+            if distributed.num_processes > 1:
+                raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
+                                "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
+            if not (out / "warm_start" / "model" / "config.json").exists():
+                warm_start(recipe, out / "warm_start", task_set, tasks, model_path)
+            model_path = str(out / "warm_start" / "model")
+
+        g = recipe.grpo
+        budgets = Budgets(**recipe.budgets)
+        save_steps = g.save_steps or layout["updates_per_round"]
+        if save_steps % layout["updates_per_round"]:
+            raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
+        args = GRPOConfig(
+            output_dir=str(out / "checkpoints"),
+            per_device_train_batch_size=g.per_device_train_batch_size,
+            gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+            steps_per_generation=layout["steps_per_generation"],
+            num_generations=g.num_generations,
+            learning_rate=g.learning_rate,
+            lr_scheduler_type=g.lr_scheduler_type,
+            num_train_epochs=g.num_train_epochs,
+            max_steps=g.max_steps,
+            beta=g.beta,
+            epsilon=g.epsilon,
+            delta=g.delta,
+            loss_type=g.loss_type,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            seed=g.seed,
+            bf16=g.bf16,
+            weight_decay=g.weight_decay,
+            use_bias_correction_kl=g.use_bias_correction_kl,
+            use_vllm=g.use_vllm,
+            vllm_mode=g.vllm_mode,
+            vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+            vllm_importance_sampling_correction=g.vllm_importance_sampling_correction,
+            # The engine's context is one whole episode; a single call generates at most max_new_tokens
+            # (the driver asks for less when the episode's budget is nearly spent).
+            vllm_max_model_length=budgets.max_prompt_tokens + budgets.max_completion_tokens,
+            max_completion_length=budgets.max_new_tokens,
+            logging_steps=g.logging_steps,
+            save_strategy="steps",
+            save_steps=save_steps,
+            save_total_limit=g.save_total_limit,
+            report_to=g.report_to,
+            activation_checkpointing=recipe.model.gradient_checkpointing,
+            remove_unused_columns=False,
+            use_cpu=not torch.cuda.is_available(),
+            **g.extra,
         )
-    save_model(trainer, out / "model")
-    return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
-            "apatch_hook_calls": loop.apatch_hook_calls,
-            "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+        dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
+
+        loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
+        checkpoint = None
+        if resume is not None:
+            checkpoint = latest_checkpoint(resume, required=False)
+            if checkpoint is None:  # killed before the first checkpoint: nothing to keep but the recipe
+                warnings.warn(f"{out} has no checkpoint yet; starting the run over from round 1.", SealWarning, stacklevel=2)
+            else:
+                loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
+            if is_main:
+                _drop_logs_after(out, loop.state.round)
+            loop.best_validation = _best_validation(out)
+        trainer_class = make_trainer_class()
+        trainer = trainer_class(
+            model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
+            rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
+        )  # fmt: skip
+        trainer.seal = loop
+        _fsdp_on_cpu(trainer)
+        if validation and recipe.eval.every_rounds:
+            trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
+        rounds_before = loop.state.round
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        if is_main and loop.state.round > rounds_before:  # book the last round's update, which no next round will
+            loop.timing["optimisation"] += time.perf_counter() - loop._round_started
+            (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
+                                                     "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
+        if loop.apatch_hook_calls != loop.state.round - rounds_before:
+            raise RuntimeError(
+                f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
+                f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
+            )
+        save_model(trainer, out / "model")
+        return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
+                "apatch_hook_calls": loop.apatch_hook_calls,
+                "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
 
 
 def save_model(trainer: Any, path: Path) -> None:

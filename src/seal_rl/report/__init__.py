@@ -40,5 +40,5 @@ def write_report(run_dir: Path) -> Path:
     else:
         raise SealError(f"{run_dir} is neither an evaluation run (results.jsonl) nor a training run (metrics.jsonl).")
     target = run_dir / REPORT_FILE
-    target.write_text(page, encoding="utf-8")
+    target.write_text(page, encoding="utf-8", errors="backslashreplace")  # lone surrogates shown as \udXXX
     return target

@@ -130,5 +130,6 @@ def write_compare_report(run_a: Path, run_b: Path, target: Path, *, resamples: i
     if target.is_dir():
         raise SealError(f"--html {target} is a directory; give a file path such as {target / 'compare.html'}.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(compare_report(Path(run_a), Path(run_b), resamples=resamples), encoding="utf-8")
+    target.write_text(compare_report(Path(run_a), Path(run_b), resamples=resamples), encoding="utf-8",
+                      errors="backslashreplace")  # lone surrogates shown as \udXXX
     return target

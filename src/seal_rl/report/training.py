@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,8 +27,9 @@ from typing import Any
 
 from markupsafe import Markup
 
+from seal_rl import jsonl
 from seal_rl.diagnose import LABELS
-from seal_rl.errors import SealError
+from seal_rl.errors import SealError, SealWarning
 from seal_rl.report.episodes import episode_html
 from seal_rl.report.interface import example_task, interface_section
 from seal_rl.report.page import FILTER_JS, LABEL_COLOURS, ROLLOUT_CAP, figure, filters, page, render, sample_evenly
@@ -51,18 +53,13 @@ OPTIMISATION_METRICS: tuple[tuple[str, str], ...] = (
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a line cut short by a crash is skipped."""
+    """The JSON objects of a JSONL file; torn and corrupt lines are reported and left out."""
     if not path.exists():
         return []
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            lines.append(value)
-    return lines
+    lines = jsonl.read(path)
+    for problem in lines.problems:
+        warnings.warn(problem, SealWarning, stacklevel=2)
+    return [value for value in lines.values if isinstance(value, dict)]
 
 
 def _json(path: Path) -> Any:
