@@ -6,7 +6,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ["bench_env.py", "bench_attacks_env.py", "differential.py", "bfcl_parity.py", "bench_diagnosis.py", "bench_train.py",
-              "bench_eval.py", "bench_service.py", "bench_attacks_service.py", "bench_report.py"]
+              "bench_eval.py", "bench_service.py", "bench_attacks_service.py", "bench_attacks_runs.py", "bench_report.py"]
 
 if __name__ == "__main__":
     failed = []

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,82 @@ def test_serve_refuses_a_port_in_use(monkeypatch, capsys):
     with socket.create_server(("127.0.0.1", 0)) as taken:
         code, out, err = run_cli(monkeypatch, capsys, "serve", "--port", str(taken.getsockname()[1]))
     assert code == 2 and "choose another --port" in err and len(err.strip().splitlines()) == 1
+
+
+# -- CLI contracts (issue 15) -------------------------------------------------------------------
+
+SMOKE = str(Path(__file__).resolve().parents[1] / "configs" / "smoke-cpu.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "env.max_model_cals=3"], "env.max_model_cals is not a setting. Did you mean env.max_model_calls?"),
+        (["--set", "budgets.max_new_token=3"], "Did you mean budgets.max_new_tokens?"),
+        (["--set", "interface.prevalence_of=0.1"], "Did you mean interface.prevalence_off?"),
+        (["--set", "apatch.w_mn=0.1"], "Did you mean apatch.w_min?"),
+        (["--set", "env.max_model_calls=abc"], "env.max_model_calls must be int, got 'abc'"),
+        (["--set", "grpo.lerning_rate=1"], "Did you mean: 'learning_rate'?"),
+    ],
+)
+def test_every_recipe_mistake_is_one_line_with_exit_code_2(monkeypatch, capsys, tmp_path, args, message):
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--config", SMOKE, "--out", str(tmp_path / "run"), *args)
+    assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_yaml_syntax_errors_and_missing_resume_directories_are_one_line(monkeypatch, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo:\n  max_steps: 2\n bad: [\n")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", str(bad), "--out", str(tmp_path / "run"))
+    assert code == 2 and f"{bad}:3:2: not valid YAML" in " ".join(err.split()) and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--resume", str(tmp_path / "missing"))
+    assert code == 2 and "Cannot resume" in err and "does not exist" in err and "config.yaml does not exist" not in err
+
+
+def test_eval_exits_1_when_every_episode_is_a_generation_error_and_warns_about_greedy_samples(monkeypatch, capsys, tmp_path):
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, out, err = run_cli(monkeypatch, capsys, "eval", "-p", f"openai:m@http://127.0.0.1:{port}/v1", "--tasks",
+                             "multi_turn_base_0", "--samples", "2", "--retries", "0", "--out", str(tmp_path))  # fmt: skip
+    flat = " ".join(err.split())
+    assert code == 1 and "every episode ended in a generation error" in flat and "Connect" in flat
+    assert "--samples 2 at --temperature 0" in flat
+
+
+def test_tasks_list_piped_keeps_whole_ids_and_json_everywhere(monkeypatch, capsys, tmp_path):
+    code, out, _ = run_cli(monkeypatch, capsys, "tasks", "list", "--category", "long_context")
+    lines = out.strip().split("\n")
+    assert code == 0 and lines[0].split("\t")[0] == "task id" and len(lines) == 201
+    assert "multi_turn_long_context_199\tlong_context\t" in out  # never truncated when not on a terminal
+    code, out, _ = run_cli(monkeypatch, capsys, "tasks", "list", "--split", "test", "--json")
+    tasks = json.loads(out)
+    assert len(tasks) == 400 and {"id", "category", "split", "turns", "backends"} == set(tasks[0])
+    ids = "multi_turn_base_0,multi_turn_base_1,multi_turn_miss_param_2"
+    for name, policy in (("a", "oracle"), ("b", "oracle:faults=1,seed=0")):
+        assert run_cli(monkeypatch, capsys, "eval", "-p", policy, "--tasks", ids, "--out", str(tmp_path / name))[0] == 0
+    code, out, _ = run_cli(monkeypatch, capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    comparison = json.loads(out)
+    assert code == 0 and comparison["overall"]["pairs"] == 3 and comparison["overall"]["rate_a"] == 1.0
+    code, out, _ = run_cli(monkeypatch, capsys, "diagnose", str(tmp_path / "b"), "--json")
+    profile = json.loads(out)
+    assert code == 0 and profile["episodes"] == 3 and set(profile["labels"]) - {"pass"}  # the faults were labelled
+
+
+def test_diagnose_reads_a_training_run_by_round(monkeypatch, capsys, tmp_path):
+    ids = "multi_turn_base_0,multi_turn_base_1"
+    for name, policy in (("good", "oracle"), ("bad", "oracle:faults=1,seed=0")):
+        assert run_cli(monkeypatch, capsys, "eval", "-p", policy, "--tasks", ids, "--out", str(tmp_path / name))[0] == 0
+    run = tmp_path / "train"
+    run.mkdir()
+    rows = [{**r, "round": 1} for r in read_results(tmp_path / "bad")] + [{**r, "round": 2} for r in read_results(tmp_path / "good")]
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run_cli(monkeypatch, capsys, "diagnose", str(run), "--round", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["episodes_from"] == "training round 2" and set(json.loads(out)["labels"]) == {"pass"}
+    code, out, _ = run_cli(monkeypatch, capsys, "diagnose", str(run), "--last", "2", "--json")
+    assert json.loads(out)["episodes"] == 4 and set(json.loads(out)["labels"]) - {"pass"}
+    code, _, err = run_cli(monkeypatch, capsys, "diagnose", str(run), "--round", "9")
+    assert code == 2 and "has no round 9" in err and "seal eval" not in err

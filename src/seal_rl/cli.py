@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +18,7 @@ from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
-from seal_rl.evaluate import ModelSettings, evaluate, read_results
+from seal_rl.evaluate import SCRIPTED, ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
 from seal_rl.policies import BfclResultPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
@@ -58,14 +59,31 @@ CategoryOption = Annotated[
 ]
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts) instead of tables.")]
+
+
+def _print_json(value) -> None:
+    print(json.dumps(value, indent=1, ensure_ascii=False, default=str))
+
+
 @tasks_app.command("list")
 def tasks_list(
     split: Annotated[str, typer.Option(help="train, test or all.")] = "all",
     category: CategoryOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """List tasks with their category, split and number of turns."""
     task_set = TaskSet.load()
     selected = task_set.select(split, category)
+    rows = [{"id": t.id, "category": t.category, "split": task_set.split_of(t.id), "turns": t.num_turns,
+             "backends": list(t.involved_classes)} for t in selected]  # fmt: skip
+    if as_json:
+        return _print_json(rows)
+    if not out.is_terminal:  # piped or redirected: whole values, one tab-separated line per task
+        print("task id\tcategory\tsplit\tturns\tbackends")
+        for r in rows:
+            print(f"{r['id']}\t{r['category']}\t{r['split']}\t{r['turns']}\t{','.join(r['backends'])}")
+        return
     table = Table("task id", "category", "split", "turns", "backends", box=None)
     for task in selected:
         table.add_row(task.id, task.category, task_set.split_of(task.id), str(task.num_turns), ", ".join(task.involved_classes))
@@ -141,6 +159,9 @@ def eval_command(
     else:
         selected = []
     episodes = with_samples(chosen.episodes(selected, task_set, call_format), samples)
+    if samples > 1 and temperature == 0 and not isinstance(chosen, SCRIPTED):
+        warnings.warn(f"--samples {samples} at --temperature 0 (greedy) plays the same episode {samples} times; "
+                      "pass --temperature > 0 for pass@k.", SealWarning, stacklevel=1)  # fmt: skip
     for task_id in getattr(chosen, "unknown", ()):
         err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
     settings = ModelSettings(
@@ -165,6 +186,7 @@ def eval_command(
             counts["done"] += 1
             if record.get("error"):
                 counts["errors"] += 1
+                counts.setdefault("first_error", record["error"])
             else:
                 counts["ok"] += record["reward"] == 1.0
             scored = counts["done"] - counts["errors"]
@@ -180,6 +202,10 @@ def eval_command(
             progress.update(bar, visible=False)  # the error is the one line the user sees
             raise
     _print_summary(summary, out_dir)
+    if summary["errors"] and not summary["episodes"]:  # nothing was scored: a script must not read 0% as a result
+        err.print(f"[bold red]error:[/] every episode ended in a generation error, e.g.: {counts.get('first_error', '?')}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+        raise typer.Exit(1)
 
 
 @app.command("export-bfcl")
@@ -222,15 +248,37 @@ def compare_command(
     run_b: Annotated[Path, typer.Argument(help="The run compared with it (B).")],
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples for the interval of the average difference.")] = 10_000,
     html: Annotated[Path | None, typer.Option("--html", help="Also write this HTML page: both runs side by side, label shift, flipped tasks.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Compare two evaluation runs task by task: exact McNemar tests and a bootstrap interval."""
     result = compare_runs(read_results(run_a), read_results(run_b), resamples=resamples)
     if not result.overall.pairs:
         raise SealError(f"{run_a} and {run_b} share no episode (task and sample); nothing to compare.")
+    if as_json:
+        _print_json(_comparison_json(run_a, run_b, result))
+    else:
+        _print_comparison(run_a, run_b, result)
+    if html is not None:
+        from seal_rl.report import write_compare_report
+
+        target = write_compare_report(run_a, run_b, html, resamples=resamples)
+        (err if as_json else out).print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
+
+
+def _comparison_json(run_a: Path, run_b: Path, result) -> dict:
+    from dataclasses import asdict
+
+    row = lambda c: {**asdict(c), "difference": c.difference}  # noqa: E731
+    estimate, low, high = result.average_difference
+    return {"a": str(run_a), "b": str(run_b), "categories": {k: row(v) for k, v in result.categories.items()},
+            "overall": row(result.overall), "average_difference": {"estimate": estimate, "ci95": [low, high]},
+            "only_in_a": result.only_in_a, "only_in_b": result.only_in_b}  # fmt: skip
+
+
+def _print_comparison(run_a: Path, run_b: Path, result) -> None:
     table = Table("category", "pairs", "A", "B", "B − A", "only A", "only B", "McNemar p",
                   title=f"B = {run_b}  vs  A = {run_a}")  # fmt: skip
-    rows = [*result.categories.items(), ("all (pooled)", result.overall)]
-    for name, row in rows:
+    for name, row in [*result.categories.items(), ("all (pooled)", result.overall)]:
         table.add_row(name, str(row.pairs), f"{row.rate_a:.1%}", f"{row.rate_b:.1%}", f"{row.difference:+.1%}",
                       str(row.only_a), str(row.only_b), f"{row.p_value:.3g}")  # fmt: skip
     out.print(table)
@@ -238,11 +286,6 @@ def compare_command(
     out.print(f"average of category rates, B − A: {estimate:+.1%} (95% paired bootstrap: {low:+.1%} to {high:+.1%})")
     if result.only_in_a or result.only_in_b:
         out.print(f"not paired: {result.only_in_a} episodes only in A, {result.only_in_b} only in B (left out)")
-    if html is not None:
-        from seal_rl.report import write_compare_report
-
-        target = write_compare_report(run_a, run_b, html, resamples=resamples)
-        out.print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
 
 
 def _plan_on_gpus(recipe) -> None:
@@ -270,6 +313,9 @@ def train_command(
     from seal_rl.train import load_recipe, train
 
     if resume is not None:
+        if not (resume / "config.yaml").exists():
+            what = "does not exist" if not resume.exists() else "holds no config.yaml (not a `seal train` run)"
+            raise SealError(f"Cannot resume {resume}: the directory {what}.")
         out_dir = out_dir or resume
         config = config or resume / "config.yaml"
     if out_dir is None or config is None:
@@ -336,24 +382,75 @@ def sft_command(
               f"loss {summary['first_loss']} -> {summary['last_loss']}; model: {summary['model']}")
 
 
+def _diagnosis_records(run_dir: Path, round_: int | None, last: int | None) -> tuple[list[dict], str]:
+    """The episodes of an evaluation run (``results.jsonl``) or of a training run's rounds
+    (``trajectories.jsonl``: all, ``--round N`` or ``--last N``), and what they are."""
+    if (run_dir / "results.jsonl").exists():
+        if round_ is not None or last is not None:
+            raise SealError(f"{run_dir} is an evaluation run; --round and --last select rounds of a training run.")
+        return read_results(run_dir), "evaluation run"
+    path = run_dir / "trajectories.jsonl"
+    if not path.exists():
+        raise SealError(f"{run_dir} holds neither results.jsonl (a `seal eval` run) nor trajectories.jsonl (a `seal train` run).")
+    from seal_rl import jsonl
+
+    lines = jsonl.read(path)
+    for problem in lines.problems:
+        warnings.warn(problem, SealWarning, stacklevel=2)
+    rows = [r for r in lines.values if isinstance(r, dict) and not r.get("dropped") and "verdict" in r]
+    rounds = sorted({r["round"] for r in rows})
+    if round_ is not None:
+        if round_ not in rounds:
+            raise SealError(f"{run_dir} has no round {round_}; it has rounds {rounds[0]}–{rounds[-1]}." if rounds else f"{run_dir} has no rounds yet.")
+        wanted, what = {round_}, f"training round {round_}"
+    elif last is not None:
+        if last < 1:
+            raise SealError(f"--last must be at least 1, got {last}.")
+        wanted = set(rounds[-last:])
+        what = (f"training round {rounds[-1]}" if len(wanted) == 1 else
+                f"the last {len(wanted)} training rounds ({min(wanted)}–{max(wanted)})" if wanted else "no rounds")  # fmt: skip
+    else:
+        wanted, what = set(rounds), f"all {len(rounds)} training rounds"
+    selected = [r for r in rows if r["round"] in wanted]
+    if not selected:
+        raise SealError(f"{run_dir} has no training episodes to diagnose yet.")
+    return selected, what
+
+
 @app.command("diagnose")
 def diagnose_command(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `seal eval`.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `seal eval` or `seal train`.")],
     top: Annotated[int, typer.Option(help="Commonest error messages shown per label.")] = 3,
     priority: Annotated[str | None, typer.Option(help="Re-diagnose under this label priority: seal or paper (default: the labels stored in the run).")] = None,
+    round_: Annotated[int | None, typer.Option("--round", help="Training runs: only this round.")] = None,
+    last: Annotated[int | None, typer.Option("--last", help="Training runs: only the last N rounds.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Print the failure profile of a run: labels overall, per category and per turn position."""
     from seal_rl.diagnose import PRIORITIES
 
     if priority is not None and priority not in PRIORITIES:
         raise SealError(f"--priority must be one of {', '.join(sorted(PRIORITIES))}, got {priority!r}.")
-    run = describe_run(read_results(run_dir), top=top, priority=priority)
+    if round_ is not None and last is not None:
+        raise SealError("Give --round or --last, not both.")
+    records, what = _diagnosis_records(run_dir, round_, last)
+    run = describe_run(records, top=top, priority=priority)
     profile = run.profile
     stats = profile.label_stats()
     total = sum(s.turns for s in stats.values())
     labels = [name for name in LABELS if name in stats]
-    out.print(f"Failure profile of {run_dir}", markup=False, highlight=False, soft_wrap=True)
     inherited = profile.merged("inherited")
+    if as_json:
+        return _print_json({
+            "run": str(run_dir), "episodes_from": what, "episodes": profile.episodes, "turns": total,
+            "labels": {label: {"turns": stats[label].turns, "share": stats[label].turns / total,
+                               "rate": None if label in EXCLUDED_LABELS else stats[label].prevalence,
+                               "episodes": stats[label].trajectories, "mean_reward": stats[label].mean_reward,
+                               "inherited": inherited.get(label, 0)} for label in labels},
+            "categories": profile.merged("categories"), "positions": profile.merged("positions"),
+            "top_evidence": {label: [{"message": m, "count": c} for m, c in run.top_messages.get(label, [])] for label in labels},
+        })  # fmt: skip
+    out.print(f"Failure profile of {run_dir} ({what})", markup=False, highlight=False, soft_wrap=True)
     overall = Table(Column("label", no_wrap=True, min_width=max(map(len, labels), default=5)), "turns", "share", "rate*",
                     "episodes", "mean reward", "inherited**",
                     title=f"{profile.episodes} episodes, {total} turns")  # fmt: skip

@@ -26,6 +26,7 @@ uses ``1e-6``); each SEAL round is one TRL generation batch.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import time
@@ -37,6 +38,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -216,6 +218,10 @@ def load_recipe(path: Path | None, overrides: Sequence[str] = ()) -> SealRecipe:
                 layers.append(OmegaConf.load(path))
             except FileNotFoundError:
                 raise SealError(f"Recipe {path} does not exist; see configs/ for examples.") from None
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+                raise SealError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}).") from None
         layers.append(OmegaConf.from_dotlist(list(overrides)))
         merged = OmegaConf.merge(*layers)
         recipe: SealRecipe = OmegaConf.to_object(merged)
@@ -227,16 +233,36 @@ def load_recipe(path: Path | None, overrides: Sequence[str] = ()) -> SealRecipe:
     return recipe
 
 
+def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    """Build one free-form recipe section (``env``, ``budgets``, ``interface``, ``apatch``) with a
+    one-line error for an unknown key ("did you mean") or a value of the wrong type."""
+    known = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" Did you mean {name}.{close[0]}?" if close else f" Known: {', '.join(known)}."
+            raise SealError(f"Bad recipe: {name}.{key} is not a setting.{hint}")
+    for f in fields(cls):
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
+        value = values.get(f.name)
+        if expected is not None and f.name in values and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            raise SealError(f"Bad recipe: {name}.{f.name} must be {f.type}, got {value!r}.")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise SealError(f"Bad recipe: {name}: {exc}") from None
+
+
 def validate(recipe: SealRecipe) -> None:
     """Check what spans several fields; build every sub-config so its own checks run too."""
-    EnvConfig(**recipe.env)
-    Budgets(**recipe.budgets)
+    _section("env", EnvConfig, recipe.env)
+    _section("budgets", Budgets, recipe.budgets)
     for source in recipe.warm_start.data:
         check_source(source)
     for preset in recipe.warm_start.interfaces:
         InterfaceState.initial(preset)
-    InterfaceConfig(**recipe.interface)
-    ApatchConfig(**recipe.apatch)
+    _section("interface", InterfaceConfig, recipe.interface)
+    _section("apatch", ApatchConfig, recipe.apatch)
     g = recipe.grpo
     if g.num_generations < 2:
         raise SealError(f"Group-relative advantages need >= 2 rollouts per task; got num_generations={g.num_generations}.")
