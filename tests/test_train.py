@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from seal_rl.env import EnvConfig
 import torch
 
+from seal_rl.env import EnvConfig
+
 from seal_rl.errors import SealError
-from seal_rl.train import batch_layout, load_recipe, train
+from seal_rl.train import batch_layout, load_recipe, read_metrics, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -153,7 +153,7 @@ def test_training_writes_the_run_directory(uninterrupted):
     for name in ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "profile/step_2.json", "interface/step_2.json",
                  "model/config.json", "checkpoints/checkpoint-1/seal_state.json", "checkpoints/checkpoint-2/optimizer.pt"):  # fmt: skip
         assert (out / name).exists(), name
-    metrics = _jsonl(out / "metrics.jsonl")
+    metrics = read_metrics(out)  # the per-round lines (TRL's own are kind "trainer")
     assert [m["round"] for m in metrics] == [1, 2]
     for key in ("rollout/success_by_category", "labels/share", "apatch/scale_mean", "apatch/label_weights",
                 "interface/active", "time/seconds"):  # fmt: skip
@@ -202,11 +202,11 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
     reference, _, _, _ = uninterrupted
     out = tmp_path / "b"
     train(_recipe(tiny_path, **{"grpo.max_steps": 1}), out)
-    assert [m["round"] for m in _jsonl(out / "metrics.jsonl")] == [1]
+    assert [m["round"] for m in read_metrics(out)] == [1]
     summary = train(_recipe(tiny_path), out, resume=out)
     assert summary["rounds"] == 2
     strip = lambda m: {k: v for k, v in m.items() if k != "time/seconds"}  # noqa: E731
-    assert [strip(m) for m in _jsonl(out / "metrics.jsonl")] == [strip(m) for m in _jsonl(reference / "metrics.jsonl")]
+    assert [strip(m) for m in read_metrics(out)] == [strip(m) for m in read_metrics(reference)]
     key = lambda r: (r["round"], r["task_id"], r["advantage_before"], r["reward"])  # noqa: E731
     assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
     from safetensors.torch import load_file
@@ -253,7 +253,7 @@ def test_episodes_without_tokens_are_dropped_with_a_reason_not_a_crash(tiny_path
     assert dropped and all(r["dropped"] == "generation_error" and r["advantage_after"] == 0 for r in dropped)
     assert kept and all(r["dropped"] is None for r in kept)
     assert sorted(r["reward"] for r in kept) == [0, 1] and all(r["advantage_after"] != 0 for r in kept)  # signal
-    (metrics,) = _jsonl(out / "metrics.jsonl")
+    (metrics,) = read_metrics(out)
     assert metrics["rollout/dropped"] == {"generation_error": len(dropped)}
     from safetensors.torch import load_file
 
@@ -420,3 +420,33 @@ def test_default_validation_is_held_out_training_split_never_test(task_set):
     # no validation asked for: nothing held out
     assert select_tasks(load_recipe(ROOT / "configs" / "vanilla-grpo.yaml", ["model.path=/m"]), task_set) == (
         task_set.select("train", None, None), [])
+
+
+def test_seal_metrics_reach_tensorboard_and_trl_metrics_reach_metrics_jsonl(tiny_path, tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    train(_recipe(tiny_path, **{"grpo.report_to": "[tensorboard]"}), out)
+    events = EventAccumulator(str(out / "tensorboard"))  # where docs/training.md says, not checkpoints/runs/
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for name in ("seal/rollout/reward_mean", "seal/rollout/groups_zero_variance", "seal/apatch/scale_mean",
+                 "seal/labels/share/pass", "seal/interface/components_on", "loss", "kl"):  # fmt: skip
+        assert f"train/{name}" in tags or name.startswith("seal/labels") and any(t.startswith("train/seal/labels/share/") for t in tags), name
+    assert [e.value for e in events.Scalars("train/seal/round")] == [1.0, 2.0]
+    trainer_lines = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().split("\n")[:-1]) if m["kind"] == "trainer"]
+    assert [m["round"] for m in trainer_lines if "loss" in m] == [1, 2]
+    assert {"loss", "kl", "entropy", "grad_norm", "frac_reward_zero_std", "completions/mean_length"} <= set(trainer_lines[0])
+    err = capsys.readouterr().err
+    assert "seal train: recipe" in err and "per round 2 tasks x 2 rollouts = 4 episodes" in err
+    assert "round 1: success" in err and "round 2: success" in err and "A-Patch scale" in err
+
+
+def test_a_missing_or_unknown_report_to_backend_fails_before_any_model_loads(tiny_path):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(SealError, match=r"wandb, which is not installed: pip install 'seal-rl\[wandb\]'"):
+            _recipe(tiny_path, **{"grpo.report_to": "[wandb]"})
+    with pytest.raises(SealError, match="Did you mean tensorboard"):
+        _recipe(tiny_path, **{"grpo.report_to": "[tensorbord]"})

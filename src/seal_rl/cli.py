@@ -322,7 +322,7 @@ def train_command(
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
     _plan_on_gpus(recipe)
-    summary = train(recipe, out_dir, resume=resume)
+    summary = train(recipe, out_dir, resume=resume, recipe_path=config)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
     if summary["validation"]:
         out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))

@@ -27,11 +27,12 @@ uses ``1e-6``); each SEAL round is one TRL generation batch.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 import time
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -40,6 +41,8 @@ from typing import Any
 
 import yaml
 from omegaconf import MISSING, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
@@ -281,6 +284,25 @@ def validate(recipe: SealRecipe) -> None:
                         "level-2 sleep would re-push all weights before every call.")  # fmt: skip
     if g.vllm_tensor_parallel_size < 1:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
+    check_report_to(g.report_to)
+
+
+def check_report_to(backends: Sequence[str]) -> None:
+    """Every ``grpo.report_to`` backend is one transformers knows and is installed: a one-line error
+    now, before any model loads (``seal-rl[wandb]`` installs W&B)."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    for name in backends:
+        if name in ("none", "all"):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            close = difflib.get_close_matches(name, list(INTEGRATION_TO_CALLBACK), n=1)
+            hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, none."
+            raise SealError(f"Bad recipe: grpo.report_to {name!r} is not a logging backend.{hint}")
+        module = {"tensorboard": "tensorboard", "comet_ml": "comet_ml", "azure_ml": "azureml"}.get(name, name)
+        if importlib.util.find_spec(module) is None:
+            how = "pip install 'seal-rl[wandb]'" if name == "wandb" else f"pip install {module}"
+            raise SealError(f"grpo.report_to asks for {name}, which is not installed: {how}, or drop it from report_to.")
 
 
 def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
@@ -303,6 +325,22 @@ def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
 
 
 # -- the closed loop --------------------------------------------------------------------------
+
+CONSOLE = Console(stderr=True)
+
+
+@contextmanager
+def round_progress(round_index: int, total: int, *, shown: bool):
+    """A Rich progress bar of the round's episodes (done / total, ETA) on the main process, while
+    stderr is a terminal; yields the callback that advances it."""
+    if not (shown and CONSOLE.is_terminal):
+        yield lambda rollout: None
+        return
+    columns = (TextColumn(f"[bold]round {round_index}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=CONSOLE, transient=True) as progress:
+        bar = progress.add_task("round", total=total)
+        yield lambda rollout: progress.advance(bar)
 
 
 @dataclass
@@ -429,11 +467,12 @@ class SealLoop:
         chat = ChatTokens(trainer.processing_class)
         episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
         stats = DriverStats()
-        rollouts = run_episodes(
-            episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat, budgets=self.budgets,
-            concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)),
-            stats=stats,
-        )  # fmt: skip
+        with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
+            rollouts = run_episodes(
+                episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
+                budgets=self.budgets, concurrency=self.recipe.concurrency,
+                seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
+            )  # fmt: skip
         if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
             generator.close()
         self.timing["generation"] += stats.generation
@@ -539,6 +578,44 @@ class SealLoop:
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             jsonl.append(handle, metrics)
+        for name, value in scalar_metrics(metrics).items():  # to every report_to backend at TRL's next log
+            trainer._metrics["train"][name].append(value)
+        CONSOLE.print(round_summary(metrics, self._round_interface, self.state.interface), highlight=False, soft_wrap=True)
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """A round's ``metrics.jsonl`` line as flat scalars under stable ``seal/...`` names (nested
+    dicts become path segments; the interface as the number of components on), for
+    TensorBoard, W&B and any other ``report_to`` backend."""
+    flat: dict[str, float] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix] = float(value)
+
+    for key, value in metrics.items():
+        if key == "interface/active":
+            flat["seal/interface/components_on"] = float(len(value))
+        elif key not in ("round", "step", "kind"):
+            walk(f"seal/{key}", value)
+    flat["seal/round"] = float(metrics["round"])
+    return flat
+
+
+def round_summary(metrics: dict[str, Any], used: InterfaceState, following: InterfaceState) -> str:
+    """The one line printed after each round: success, zero-variance groups, top labels, A-Patch
+    scale range and the interface components switched on or off for the next round."""
+    labels = sorted(((v, k) for k, v in metrics["labels/share"].items() if k != "pass"), reverse=True)[:3]
+    top = ", ".join(f"{k} {v:.0%}" for v, k in labels) or "none"
+    before, after = set(used.active_components), set(following.active_components)
+    changes = [f"+{c}" for c in sorted(after - before)] + [f"-{c}" for c in sorted(before - after)]
+    return (f"round {metrics['round']}: success {metrics['rollout/reward_mean']:.1%} of {metrics['rollout/episodes']} | "
+            f"zero-variance groups {metrics['rollout/groups_zero_variance']:.0%} | top labels {top} | "
+            f"A-Patch scale {metrics['apatch/scale_min']:.2f}–{metrics['apatch/scale_max']:.2f} | "
+            f"interface {' '.join(changes) or 'unchanged'}")
 
 
 def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
@@ -682,13 +759,23 @@ def _seal_callback(loop: SealLoop):
     from transformers import TrainerCallback
 
     class SealStateCallback(TrainerCallback):
-        """Saves SEAL state into every checkpoint directory."""
+        """Saves SEAL state into every checkpoint directory, and copies what TRL logs (loss, KL,
+        entropy, gradient norm, clip ratios, completion lengths, ``frac_reward_zero_std``, ...)
+        into ``metrics.jsonl`` as ``kind: trainer`` lines, so the report has them."""
 
         def on_save(self, args, state, control, **kwargs):
             if loop.is_main:
                 checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 checkpoint.mkdir(parents=True, exist_ok=True)
                 (checkpoint / SEAL_STATE_FILE).write_text(json.dumps(loop.state.to_json(), indent=1, sort_keys=True) + "\n")
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if loop.is_main and logs:
+                line = {"round": loop.state.round, "step": state.global_step, "kind": "trainer"}
+                line.update((k, v) for k, v in logs.items() if not k.startswith("seal/") and isinstance(v, (int, float, str)))
+                with open(loop.out / METRICS_FILE, "a", encoding="utf-8") as handle:
+                    jsonl.append(handle, line)
             return control
 
     return SealStateCallback()
@@ -841,7 +928,8 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
     return str(path)
 
 
-def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None) -> dict[str, Any]:
+def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
+          recipe_path: Path | None = None) -> dict[str, Any]:
     """Run SEAL (or an ablation) as the recipe says; return a short summary.
 
     ``resume``: continue the run in ``out`` from its newest checkpoint (model, optimizer, RNG and
@@ -879,6 +967,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             resolved.data.task_ids = [t.id for t in tasks]
             resolved.eval.tasks = [t.id for t in validation]
             (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+            CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
             model_path = _prepare_model(recipe, out, task_set)
         if recipe.warm_start.data:
@@ -950,10 +1039,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 _drop_logs_after(out, loop.state.round)
             loop.best_validation = _best_validation(out)
         trainer_class = make_trainer_class()
-        trainer = trainer_class(
-            model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
-            rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
-        )  # fmt: skip
+        with _tensorboard_dir(out / "tensorboard"):  # read by transformers' TensorBoardCallback when it is built
+            trainer = trainer_class(
+                model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
+                rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
+            )  # fmt: skip
         trainer.seal = loop
         _fsdp_on_cpu(trainer)
         if validation and recipe.eval.every_rounds:
@@ -973,6 +1063,36 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
                 "apatch_hook_calls": loop.apatch_hook_calls,
                 "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+
+
+@contextmanager
+def _tensorboard_dir(path: Path):
+    """Point transformers' TensorBoard logs at ``RUN/tensorboard`` (it reads TENSORBOARD_LOGGING_DIR
+    when its callback is built) unless the user chose a directory; the variable is restored after."""
+    chosen = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if chosen is None:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if chosen is None:
+            os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
+
+
+def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_size: int, config: Path | None) -> str:
+    """What ``seal train`` prints before it starts: recipe, batch layout, world size and outputs."""
+    g = recipe.grpo
+    episodes = g.tasks_per_step * g.num_generations
+    return "\n".join([
+        f"seal train: recipe {config or '(given in code)'}, resolved in {out / 'config.yaml'}",
+        f"  model {recipe.model.path}; protocol {recipe.env.get('protocol', 'seal')}; interface {recipe.interface.get('preset')}; "
+        f"A-Patch {recipe.apatch.get('preset')}; report_to {', '.join(g.report_to)}",
+        f"  {world_size} process(es); per round {g.tasks_per_step} tasks x {g.num_generations} rollouts = {episodes} episodes, "
+        f"{layout['updates_per_round']} update(s) of {g.tasks_per_update * g.num_generations} episodes "
+        f"(micro-batch {g.per_device_train_batch_size}, gradient accumulation {layout['gradient_accumulation_steps']}); "
+        f"max_steps {g.max_steps}",
+        f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
+    ])  # fmt: skip
 
 
 def save_model(trainer: Any, path: Path) -> None:
