@@ -303,15 +303,23 @@ def _plan_on_gpus(recipe) -> None:
 
 @app.command("train")
 def train_command(
-    config: Annotated[Path | None, typer.Option("--config", help="A YAML recipe (see configs/).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A YAML recipe: a file or a shipped recipe's name (see --list-configs).")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (dotted, repeatable).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (checkpoints, metrics, trajectories, model).")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint.")] = None,
     extra: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="More recipe overrides, like --set.")] = None,
+    list_configs: Annotated[bool, typer.Option("--list-configs", help="List the shipped recipes and exit.")] = False,
 ) -> None:
     """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many."""
+    from seal_rl import recipes
     from seal_rl.train import load_recipe, train
 
+    if list_configs:
+        table = Table("recipe", "what it is", box=None)
+        for name in recipes.names():
+            table.add_row(name, recipes.describe(name))
+        out.print(table)
+        return
     if resume is not None:
         if not (resume / "config.yaml").exists():
             what = "does not exist" if not resume.exists() else "holds no config.yaml (not a `seal train` run)"
@@ -330,7 +338,7 @@ def train_command(
 
 @app.command("plan")
 def plan_command(
-    config: Annotated[Path, typer.Option("--config", help="A YAML recipe (see configs/).")],
+    config: Annotated[Path, typer.Option("--config", help="A YAML recipe: a file or a shipped recipe's name (seal train --list-configs).")],
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs (training processes).")],
     gpu_memory: Annotated[float, typer.Option("--gpu-memory", help="Memory per GPU in GiB (an '80 GB' H100 or A100: 80).")],
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (model.path=preset:NAME needs no weights).")] = None,

@@ -48,7 +48,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
 from seal_rl.diagnose import PRIORITIES, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
-from seal_rl import jsonl
+from seal_rl import jsonl, recipes
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
@@ -211,16 +211,18 @@ class SealRecipe:
     """how Ψ labels a failed turn that qualifies for several labels"""
 
 
-def load_recipe(path: Path | None, overrides: Sequence[str] = ()) -> SealRecipe:
-    """A recipe from YAML plus ``key=value`` dotted overrides, checked against :class:`SealRecipe`."""
+def load_recipe(path: Path | str | None, overrides: Sequence[str] = ()) -> SealRecipe:
+    """A recipe from YAML (a path or a shipped recipe's name) plus ``key=value`` dotted overrides,
+    checked against :class:`SealRecipe`."""
     try:
         base = OmegaConf.structured(SealRecipe)
         layers = [base]
         if path is not None:
+            path = recipes.resolve(path)  # a file, or a shipped recipe's name (`seal train --list-configs`)
             try:
                 layers.append(OmegaConf.load(path))
             except FileNotFoundError:
-                raise SealError(f"Recipe {path} does not exist; see configs/ for examples.") from None
+                raise SealError(f"Recipe {path} does not exist; see `seal train --list-configs`.") from None
             except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
