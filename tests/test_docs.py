@@ -69,3 +69,41 @@ def test_documented_seal_options_exist(doc):
         for word in words:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, (word, command)
+
+
+_PATH = re.compile(r"`((?:configs|benchmarks|tests|src|docs|requirements)/[\w./-]+?\.(?:py|yaml|md|txt|json))`")
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))])
+def test_every_path_the_docs_name_exists(doc):
+    named = set(_PATH.findall((ROOT / doc).read_text()))
+    missing = [path for path in sorted(named) if not (ROOT / path).exists()]
+    assert not missing, f"{doc} names paths that do not exist: {missing}"
+
+
+def test_the_run_directory_tables_name_files_the_code_writes():
+    source = "\n".join(p.read_text() for p in (ROOT / "src" / "seal_rl").rglob("*.py"))
+    for doc in ("docs/training.md", "docs/evaluation.md"):
+        text = (ROOT / doc).read_text()
+        for name in re.findall(r"^\| `([\w.]+(?:\.jsonl?|\.yaml|\.lock|/))", text, flags=re.M):
+            stem = name.rstrip("/")
+            assert stem in source or stem.split(".")[0] in source, (doc, name)
+
+
+def test_stated_defaults_match_the_code():
+    from seal_rl.env import EnvConfig
+    from seal_rl.protocol import MAXIMUM_STEP_LIMIT
+
+    environment = (ROOT / "docs" / "environment.md").read_text()
+    assert EnvConfig().protocol == "seal" and "it is `EnvConfig`'s default" in environment
+    assert EnvConfig().max_steps_per_turn == MAXIMUM_STEP_LIMIT == 20 and EnvConfig().max_model_calls == 20
+    from typer.main import get_command
+
+    from seal_rl.cli import app
+
+    eval_command = get_command(app).commands["eval"]
+    protocol = next(p for p in eval_command.params if p.name == "protocol")
+    assert protocol.default == "bfcl" and "**`seal eval` uses it by default.**" in environment
+    readme = (ROOT / "README.md").read_text()
+    assert "`--protocol bfcl|seal` (default `bfcl`" in readme
+    assert "next release" not in (ROOT / "docs" / "diagnosis.md").read_text()
