@@ -84,9 +84,9 @@ def test_a_lone_surrogate_in_a_tool_argument_no_longer_blocks_evaluation(monkeyp
     assert write_report(tmp_path / "seal").read_text(encoding="utf-8")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(hostile_text, hostile_text)
-def test_any_model_text_survives_eval_its_resume_and_the_report(tmp_path_factory, argument, text):
+def test_any_model_text_survives_eval_and_its_resume(tmp_path_factory, argument, text):
     tmp = tmp_path_factory.mktemp("hostile")
     call = '<tool_call>\n{"name": "mkdir", "arguments": {"dir_name": ' + json.dumps(argument) + "}}\n</tool_call>"
     policy = parse_policy(f"replay:{_replay(tmp, [[call, text, 'Done.']])}")
@@ -193,3 +193,33 @@ def test_resume_before_the_first_checkpoint_starts_over_and_says_so(tmp_path):
     assert resumed.returncode == 0, stderr[-2000:]
     assert "has no checkpoint yet; starting the run over" in " ".join(stderr.split())
     assert [m["round"] for m in read_metrics(out)] == [1, 2]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(hostile_text, min_size=1, max_size=4))
+def test_any_text_survives_the_training_logs_and_their_resume(tmp_path_factory, texts):
+    out = tmp_path_factory.mktemp("train-logs")
+    rows = [{"round": r + 1, "kind": "rollout", "messages": [{"role": "assistant", "content": t}]} for r, t in enumerate(texts)]
+    for name in ("metrics.jsonl", "trajectories.jsonl"):
+        with open(out / name, "a", encoding="utf-8") as handle:  # as SealLoop writes them
+            for row in rows:
+                jsonl.append(handle, row)
+    assert [m["messages"][0]["content"] for m in read_metrics(out)] == [_same_text(t) for t in texts]
+    _drop_logs_after(out, 1)
+    assert [m["round"] for m in read_metrics(out)] == [1]
+
+
+@settings(max_examples=8, deadline=None)
+@given(hostile_text, hostile_text)
+def test_any_text_survives_the_report(tmp_path_factory, task_id_noise, message):
+    tmp = tmp_path_factory.mktemp("report")
+    replay = _replay(tmp, [[message, "Done."]])
+    policy = parse_policy(f"replay:{replay}")
+    episodes = policy.episodes([], _TASKS.setdefault("set", TaskSet.load()), "hermes")
+    evaluate(episodes, EnvConfig(), tmp / "run", policy=policy)
+    path = tmp / "run" / "results.jsonl"
+    (record,) = read_results(tmp / "run")
+    record["end_reason"] = task_id_noise  # a tampered field too
+    path.write_text(jsonl.dumps(record) + "\n", encoding="utf-8")
+    page = write_report(tmp / "run").read_text(encoding="utf-8")
+    assert "<script>alert" not in page and len(page) > 1000
