@@ -311,6 +311,8 @@ def read_results(run_dir: Path) -> list[dict[str, Any]]:
     for number, record in zip(lines.numbers, lines.values):
         if not isinstance(record, dict) or "verdict" not in record or "trace" not in record:
             raise SealError(f"{path}:{number}: not an episode record (no verdict/trace).")
+        if record.get("category") not in CATEGORIES:
+            raise SealError(f"{path}:{number}: category {str(record.get('category'))[:40]!r} is not one of {', '.join(CATEGORIES)}.")
     records = lines.values
     return records
 
