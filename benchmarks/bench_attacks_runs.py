@@ -101,7 +101,8 @@ def killed_training(tmp: Path, rng: random.Random) -> tuple[str, str]:
         process.send_signal(signal.SIGKILL)
         process.wait()
         kills += 1
-        command = [*SEAL, "train", "--resume", str(out)]
+        if (out / "config.yaml").exists():  # else killed before the recipe was written: start again
+            command = [*SEAL, "train", "--resume", str(out)]
     final = subprocess.run(command, capture_output=True, text=True, timeout=900)
     rounds = sorted(r["round"] for r in _lines(out / "trajectories.jsonl"))
     metrics = [m["round"] for m in _lines(out / "metrics.jsonl")]

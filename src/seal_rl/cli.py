@@ -399,6 +399,8 @@ def _diagnosis_records(run_dir: Path, round_: int | None, last: int | None) -> t
         return read_results(run_dir), "evaluation run"
     path = run_dir / "trajectories.jsonl"
     if not path.exists():
+        if not run_dir.is_dir():
+            raise SealError(f"No run directory {run_dir}; give a directory written by `seal eval` or `seal train`.")
         raise SealError(f"{run_dir} holds neither results.jsonl (a `seal eval` run) nor trajectories.jsonl (a `seal train` run).")
     from seal_rl import jsonl
 
