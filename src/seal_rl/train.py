@@ -778,6 +778,12 @@ def _seal_callback(loop: SealLoop):
                 line.update((k, v) for k, v in logs.items() if not k.startswith("seal/") and isinstance(v, (int, float, str)))
                 with open(loop.out / METRICS_FILE, "a", encoding="utf-8") as handle:
                     jsonl.append(handle, line)
+            if logs:
+                # The report_to integrations (built before this callback) have read the seal/ scalars;
+                # the console printer (added after it) would echo dozens of them per log: the round
+                # summary line says it better. trainer_state.json keeps its own copy of every log.
+                for key in [k for k in logs if k.startswith("seal/")]:
+                    del logs[key]
             return control
 
     return SealStateCallback()
