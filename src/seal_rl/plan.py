@@ -137,7 +137,9 @@ def model_shape(path: str) -> ModelShape:
     if path == "tiny":
         raise SealError("seal plan needs a real model shape: give model.path=preset:NAME "
                         f"({', '.join(PRESETS)}) or a model directory.")  # fmt: skip
-    config = Path(path) / "config.json"
+    from seal_rl.models import resolve_model
+
+    config = Path(resolve_model(path)).expanduser() / "config.json"
     if not config.is_file():
         raise SealError(f"{config} does not exist; give a model directory with config.json, or model.path=preset:NAME "
                         f"({', '.join(PRESETS)}).")  # fmt: skip

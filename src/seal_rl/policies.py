@@ -14,7 +14,8 @@ answers observations with assistant messages. Specs on the command line:
 * ``oracle:faults=P,seed=S`` — the oracle with typed faults (:mod:`seal_rl.faults`) injected into
   each turn with probability P; ``kinds=A+B`` draws only those fault types and ``turn=N`` faults
   only user turn N (negative: from the end), e.g. ``oracle:faults=1,kinds=plain_text,turn=-1``.
-* ``hf:MODEL_DIR`` — a local transformers model with a chat template (e.g. a ``seal train`` result).
+* ``hf:MODEL_DIR`` — a local transformers model with a chat template (e.g. a ``seal train`` result),
+  or a pulled model's name (``hf:qwen2.5-coder-0.5b-instruct``, :mod:`seal_rl.models`).
 * ``vllm:MODEL_DIR`` — the same through a local vLLM engine (needs vLLM and a GPU).
 * ``openai:MODEL@URL`` — any OpenAI-compatible chat-completions server (``vllm serve``, SGLang,
   hosted APIs); the key comes from an environment variable (``OPENAI_API_KEY`` by default).
@@ -32,6 +33,7 @@ from seal_rl.bfcl_results import DECODERS, ResultEntry, detect_decoder, fc_step_
 from seal_rl.errors import SealError
 from seal_rl.faults import FAULT_TYPES, oracle_transcript
 from seal_rl.interface import Message
+from seal_rl.models import resolve_model
 from seal_rl.rollout import Generation
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import get_format
@@ -340,14 +342,16 @@ def parse_policy(spec: str) -> Policy:
 
         return ServerPolicy(*parse_server_spec(rest))
     if kind == "vllm":
-        path = Path(rest).expanduser()
+        path = Path(resolve_model(rest)).expanduser() if rest else Path()
         if not rest or not (path / "config.json").exists():
-            raise SealError(f"vllm: needs a local model directory with a config.json, got {rest!r}.")
+            raise SealError(f"vllm: needs a local model directory with a config.json or a pulled model's name "
+                            f"(`seal models list`), got {rest!r}.")
         return VLLMPolicy(path)
     if kind == "hf":
-        path = Path(rest).expanduser()
+        path = Path(resolve_model(rest)).expanduser() if rest else Path()
         if not rest or not (path / "config.json").exists():
-            raise SealError(f"hf: needs a local model directory with a config.json, got {rest!r}.")
+            raise SealError(f"hf: needs a local model directory with a config.json or a pulled model's name "
+                            f"(`seal models list`), got {rest!r}.")
         return ModelPolicy(path)
     if kind == "bfcl-result":
         return _bfcl_result_policy(rest)

@@ -926,12 +926,15 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
             build_tiny_model(target, vocab_size=recipe.model.tiny_vocab_size, hidden_size=recipe.model.tiny_hidden_size,
                              layers=recipe.model.tiny_layers, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
         return str(target)
-    path = Path(recipe.model.path).expanduser()
+    from seal_rl.models import resolve_model
+
+    path = Path(resolve_model(recipe.model.path)).expanduser()
     if not (path / "config.json").exists():
         raise SealError(
-            f"model.path {recipe.model.path!r} is not a local model directory (no config.json). Download the "
-            "weights first (e.g. `huggingface-cli download Qwen/Qwen2.5-7B-Instruct --local-dir ...`); seal-rl "
-            "never fetches weights at run time."
+            f"model.path {recipe.model.path!r} is not a local model directory (no config.json) nor a pulled model "
+            "(`seal models list`). Pull one (`seal models pull smollm2-135m-instruct`) or download the weights first "
+            "(e.g. `huggingface-cli download Qwen/Qwen2.5-7B-Instruct --local-dir ...`); seal-rl never fetches weights "
+            "at run time."
         )
     return str(path)
 
