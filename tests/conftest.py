@@ -29,3 +29,32 @@ def tiny_model_dir(tmp_path_factory, task_set):
     from seal_rl.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), vocab_size=4096, task_set=task_set)
+
+
+def pulled_model(name: str) -> str:
+    """The directory of a real model pulled by `seal models pull NAME` (`make test` pulls both
+    catalogue models first). Tests never pull weights themselves; without the model they skip,
+    unless SEAL_REQUIRE_REAL_MODELS is set (as `make test` and CI do), where they fail."""
+    import os
+
+    from seal_rl.models import pulled_path
+
+    path = pulled_path(name)
+    if path is None:
+        message = f"the real model {name} is not pulled: run `seal models pull {name}`"
+        if os.environ.get("SEAL_REQUIRE_REAL_MODELS"):
+            pytest.fail(message + " (SEAL_REQUIRE_REAL_MODELS is set)")
+        pytest.skip(message)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct (llama, ChatML template without tools), converted from its GGUF wheel."""
+    return pulled_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct (qwen2, the Qwen2.5 chat template with tools), converted from GGUF."""
+    return pulled_model("qwen2.5-coder-0.5b-instruct")
