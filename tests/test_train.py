@@ -440,6 +440,10 @@ def test_seal_metrics_reach_tensorboard_and_trl_metrics_reach_metrics_jsonl(tiny
     err = capsys.readouterr().err
     assert "seal train: recipe" in err and "per round 2 tasks x 2 rollouts = 4 episodes" in err
     assert "round 1: success" in err and "round 2: success" in err and "A-Patch scale" in err
+    assert "round 1 update:" in err and "round 2 update:" in err and "policy forward+backward" in err
+    spent = json.loads((out / "time.json").read_text())["time/seconds"]
+    assert spent["update/policy"] > 0 and spent["update/reference"] > 0  # beta > 0: the reference model runs
+    assert "update/old_logprobs" not in spent  # one update per generation: TRL skips them, and so does the line
 
 
 def test_a_missing_or_unknown_report_to_backend_fails_before_any_model_loads(tiny_path):
@@ -450,3 +454,14 @@ def test_a_missing_or_unknown_report_to_backend_fails_before_any_model_loads(tin
             _recipe(tiny_path, **{"grpo.report_to": "[wandb]"})
     with pytest.raises(SealError, match="Did you mean tensorboard"):
         _recipe(tiny_path, **{"grpo.report_to": "[tensorbord]"})
+
+
+def test_update_summary_names_what_was_not_computed_and_why():
+    from seal_rl.train import SealRecipe, update_summary
+
+    recipe = SealRecipe()
+    recipe.grpo.beta = 0.0
+    line = update_summary(3, {"update/policy": 12.4, "update/reference": 0.0, "update/old_logprobs": 2.0}, recipe)
+    assert line.startswith("round 3 update: 14 s")
+    assert "policy forward+backward 12 s" in line and "old log-probs 2 s" in line
+    assert "reference model not computed (grpo.beta 0.0)" in line

@@ -401,6 +401,7 @@ class SealLoop:
         self.generator_factory = generator_factory
         """optional ``(trainer) -> Generator``, replacing the recipe's generator (tests, custom backends)"""
         self.timing: Counter[str] = Counter()
+        self._update_marks: dict[str, float] = {}
         self.apatch_hook_calls = 0
         self._round_rollouts: list[dict[str, Any]] = []
         self._round_started = time.perf_counter()
@@ -461,6 +462,7 @@ class SealLoop:
         started = time.perf_counter()
         if self.state.round > 0:
             self.timing["optimisation"] += started - self._round_started
+            self.print_update()
         self.state.round += 1
         round_index = self.state.round
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
@@ -546,6 +548,14 @@ class SealLoop:
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
                            lockstep=trainer_lockstep(trainer))  # fmt: skip
 
+    def print_update(self) -> None:
+        """One line after each round's update: where its time went (since the previous line)."""
+        keys = ("update/policy", "update/reference", "update/old_logprobs")
+        spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in keys}
+        self._update_marks = {k: self.timing[k] for k in keys}
+        if self.is_main:
+            CONSOLE.print(update_summary(self.state.round, spent, self.recipe), highlight=False, soft_wrap=True)
+
     # after TRL's advantages -------------------------------------------------------------------
 
     def after_advantages(self, trainer: Any, inputs: list[dict[str, Any]], before: Any, after: Any) -> None:
@@ -618,6 +628,21 @@ def round_summary(metrics: dict[str, Any], used: InterfaceState, following: Inte
             f"zero-variance groups {metrics['rollout/groups_zero_variance']:.0%} | top labels {top} | "
             f"A-Patch scale {metrics['apatch/scale_min']:.2f}–{metrics['apatch/scale_max']:.2f} | "
             f"interface {' '.join(changes) or 'unchanged'}")
+
+
+def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe) -> str:
+    """The line printed after a round's update: the policy's forward and backward passes, the
+    reference model's log-probabilities (only with ``grpo.beta`` > 0) and the old policy's (only when
+    TRL needs them: several updates per generation, or vLLM's importance-sampling correction)."""
+    g = recipe.grpo
+
+    def part(key: str, name: str, why_not: str) -> str:
+        return f"{name} {spent[key]:.0f} s" if spent[key] > 0 else f"{name} not computed ({why_not})"
+
+    total = sum(spent.values())
+    return (f"round {round_index} update: {total:.0f} s | policy forward+backward {spent['update/policy']:.0f} s | "
+            + part("update/reference", "reference model", f"grpo.beta {g.beta}") + " | "
+            + part("update/old_logprobs", "old log-probs", "one update per generation"))
 
 
 def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
@@ -720,7 +745,34 @@ def make_trainer_class():
             sampler.__class__ = _epoch_seeded(type(sampler))
             return sampler
 
+        _seal_scoring_seconds = 0.0
+        """time inside ``_generate_and_score_completions`` (rollouts, old and reference log-probs)"""
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            started, scoring = time.perf_counter(), self._seal_scoring_seconds
+            output = super().training_step(model, inputs, num_items_in_batch)
+            elapsed = time.perf_counter() - started - (self._seal_scoring_seconds - scoring)
+            self.seal.timing["update/policy"] += elapsed  # the policy's forward and backward passes, optimizer step
+            return output
+
+        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+            import torch
+
+            started = time.perf_counter()
+            output = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            if not torch.is_grad_enabled():  # the no-grad passes before the update; the loss's own pass is in update/policy
+                kind = "update/reference" if model is self.ref_model else "update/old_logprobs"
+                self.seal.timing[kind] += time.perf_counter() - started
+            return output
+
         def _generate_and_score_completions(self, inputs):
+            started = time.perf_counter()
+            try:
+                return self._seal_generate_and_score(inputs)
+            finally:
+                self._seal_scoring_seconds += time.perf_counter() - started
+
+        def _seal_generate_and_score(self, inputs):
             output = super()._generate_and_score_completions(inputs)
             weights = [float(x["apatch_weight"]) for x in inputs]
             import torch
@@ -1061,7 +1113,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
         rounds_before = loop.state.round
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        if is_main and loop.state.round > rounds_before:  # book the last round's update, which no next round will
+        if loop.state.round > rounds_before:  # book the last round's update, which no next round will
+            loop.print_update()
+        if is_main and loop.state.round > rounds_before:
             loop.timing["optimisation"] += time.perf_counter() - loop._round_started
             (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
                                                      "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip

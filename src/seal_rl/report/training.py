@@ -223,8 +223,10 @@ def time_section(rollouts: Sequence[Mapping[str, Any]], end: Mapping[str, Any] |
     ``time/seconds`` is cumulative within one process session and restarts on resume, so the run's
     total is the sum over sessions of each session's last value. A round's optimisation is booked
     when the next round starts; ``time.json``, written when training ends, books the last one. The
-    optimisation window also holds in-training validation, which has its own row, so it is
-    subtracted there."""
+    optimisation window also holds in-training validation and the policy's forward and backward
+    passes (``update/policy``), which have their own rows, so they are subtracted there; the
+    reference model's and old policy's log-probabilities (``update/reference``,
+    ``update/old_logprobs``) lie outside every other phase."""
     timed = [m["time/seconds"] for m in rollouts if isinstance(m.get("time/seconds"), dict)]
     complete = isinstance(end, Mapping) and isinstance(end.get("time/seconds"), dict) and end.get("round") == rollouts[-1]["round"]
     if complete:
@@ -241,6 +243,8 @@ def time_section(rollouts: Sequence[Mapping[str, Any]], end: Mapping[str, Any] |
     totals.update(previous)
     if "validation" in totals and "optimisation" in totals:
         totals["optimisation"] = max(0.0, totals["optimisation"] - totals["validation"])
+    if "update/policy" in totals and "optimisation" in totals:  # its own row: what is left is checkpoints and logging
+        totals["optimisation"] = max(0.0, totals["optimisation"] - totals["update/policy"])
     total = sum(totals.values()) or 1.0
     note = ("" if complete else "The last round's optimisation is not included: the run has no time.json for its last "
             "round (training has not finished, or an older seal-rl wrote it).")  # fmt: skip
