@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install models demo test gpu-check bench bench-learning clean
+.PHONY: install models demo test gpu-check bench bench-learning real-eval clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ bench: install
 # Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
 bench-learning: install
 	$(BIN)/python benchmarks/bench_learning.py
+
+# The real-model baseline of docs/real-models.md: both pulled models on 20 fixed test tasks, greedy,
+# in each prompt mode their templates support (resumable; runs/real-eval/).
+real-eval: models
+	$(BIN)/python benchmarks/real_eval.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
