@@ -20,7 +20,8 @@ limit ended it:
 * ``max_model_calls``, ``max_steps_per_turn``, ``observation_budget``, ... — an environment limit.
 
 ``seal plan`` and ``seal train`` print :func:`summary_line` of the count (docs/planning.md).
-Measured on 2 cores: the 400 training tasks with the tiny model's tokenizer in about 20 s.
+Measured on 2 cores: the 400 training tasks in 5 s with the tiny model's tokenizer, 13 s with
+SmolLM2-135M's.
 """
 
 from __future__ import annotations

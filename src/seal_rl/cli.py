@@ -375,9 +375,12 @@ def _budget_count_line(recipe) -> str:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
-    except (OSError, ValueError) as exc:
-        return f"ground truths within budgets: not counted (no tokenizer in {path}: {str(exc).splitlines()[0]})"
-    return summary_line(count_for_recipe(recipe, tokenizer))
+    except (OSError, ValueError):
+        return f"ground truths within budgets: not counted (no tokenizer could be loaded from {path})"
+    try:
+        return summary_line(count_for_recipe(recipe, tokenizer))
+    except SealError as exc:  # e.g. a tokenizer without a chat template
+        return f"ground truths within budgets: not counted ({exc})"
 
 
 @app.command("sft")
