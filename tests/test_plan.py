@@ -202,9 +202,8 @@ def test_the_paper_recipe_fits_on_four_80_gib_gpus_with_zero3(monkeypatch, capsy
 
 def test_the_paper_recipe_does_not_fit_on_four_24_gib_gpus(monkeypatch, capsys):
     code, out, err = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", "24")
-    assert code == 1
-    assert len(err.strip().splitlines()) == 1 and err.startswith("does not fit: training needs")
-    assert "does not fit" in out
+    assert code == 1 and err == ""
+    assert out.rstrip().splitlines()[-1].startswith("does not fit: training needs")
 
 
 @pytest.mark.parametrize(
@@ -225,17 +224,28 @@ def test_bad_input_is_one_error_line_and_exit_code_2(monkeypatch, capsys, args, 
     assert len(err.strip().splitlines()) == 1 and message in err.replace("\n", " ")
 
 
-def test_seal_train_prints_the_plan_for_its_gpus(monkeypatch, capsys):
-    from pathlib import Path
+def test_the_launch_strategy_is_read_from_accelerates_environment():
+    from seal_rl.plan import launch_strategy
 
-    from seal_rl.plan import launch_strategy, print_for_training
-
-    paper = Path(__file__).resolve().parents[1] / PAPER
     assert launch_strategy({"ACCELERATE_USE_FSDP": "true"}) == "fsdp"
     assert launch_strategy({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3", "ACCELERATE_USE_FSDP": "false"}) == "zero3"
     assert launch_strategy({}) == "ddp"
-    print_for_training(load_recipe(paper, PAPER_SETTINGS), 4, 80.0, "zero3")
-    printed = capsys.readouterr().out
-    assert "strategy zero3" in printed and "fits (" in printed and "WARNING" not in printed
-    print_for_training(load_recipe(paper, PAPER_SETTINGS), 4, 24.0, "zero3")
-    assert "WARNING: seal plan estimates this run does not fit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("memory", ["80", "24"])
+def test_the_verdict_is_printed_once(monkeypatch, capsys, memory):
+    code, out, err = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", memory)
+    assert code == (0 if memory == "80" else 1)
+    printed = out + err
+    assert printed.count("fits (") + printed.count("does not fit") == 1, printed
+    assert out.rstrip().splitlines()[-1].startswith("fits (" if code == 0 else "does not fit: training needs")
+
+
+def test_the_plan_counts_ground_truths_within_budgets_with_the_models_tokenizer(monkeypatch, capsys, tiny_model_dir):
+    code, out, _ = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", "80")
+    assert code == 0 and "ground truths within budgets: not counted (a preset has no tokenizer" in out
+    code, out, _ = run_cli(monkeypatch, capsys, "plan", "--config", PAPER, "--set", f"model.path={tiny_model_dir}", "--gpus", "4",
+                           "--gpu-memory", "80")  # fmt: skip
+    line = next(line for line in out.splitlines() if line.startswith("ground truths within budgets:"))
+    assert line.startswith("ground truths within budgets: base 100/100, miss_func 100/100, miss_param 100/100, long_context ")
+    assert "end with completion_budget" in line and "400 tasks played" in line

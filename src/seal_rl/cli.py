@@ -357,19 +357,6 @@ def _print_comparison(run_a: Path, run_b: Path, result) -> None:
         out.print(f"not paired: {result.only_in_a} episodes only in A, {result.only_in_b} only in B (left out)")
 
 
-def _plan_on_gpus(recipe) -> None:
-    """On GPU machines the main process prints ``seal plan`` for the GPUs the run has."""
-    import os
-
-    import torch
-
-    from seal_rl.plan import launch_strategy, print_for_training
-
-    if torch.cuda.is_available() and os.environ.get("RANK", "0") == "0" and recipe.model.path != "tiny":
-        gpus = int(os.environ.get("WORLD_SIZE", "1"))
-        print_for_training(recipe, gpus, torch.cuda.get_device_properties(0).total_memory / 2**30, launch_strategy(os.environ))
-
-
 @app.command("train")
 def train_command(
     config: Annotated[Path | None, typer.Option("--config", help="A YAML recipe: a file or a shipped recipe's name (see --list-configs).")] = None,
@@ -378,8 +365,14 @@ def train_command(
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint.")] = None,
     extra: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="More recipe overrides, like --set.")] = None,
     list_configs: Annotated[bool, typer.Option("--list-configs", help="List the shipped recipes and exit.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Start even when seal plan's memory estimate says the recipe does not fit this machine (CPU: its available RAM; GPU: each device's memory); without it such a run is refused before anything loads.")] = False,
 ) -> None:
-    """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many."""
+    """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many.
+
+    Before loading the model it checks the recipe against this machine's memory with seal plan's
+    estimate and refuses a run that cannot fit (naming the setting that would make it fit; --force
+    starts anyway); then it prints how many training ground truths fit the recipe's token budgets.
+    """
     from seal_rl import recipes
     from seal_rl.train import load_recipe, train
 
@@ -398,8 +391,7 @@ def train_command(
     if out_dir is None or config is None:
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
-    _plan_on_gpus(recipe)
-    summary = train(recipe, out_dir, resume=resume, recipe_path=config)
+    summary = train(recipe, out_dir, resume=resume, recipe_path=config, force=force)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
     if summary["validation"]:
         out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))
@@ -420,7 +412,11 @@ def plan_command(
     overhead_gib: Annotated[float, typer.Option("--overhead-gib", help="CUDA context, NCCL and fragmentation per GPU, GiB.")] = 3.0,
     vllm_overhead_gib: Annotated[float, typer.Option("--vllm-overhead-gib", help="vLLM's non-KV memory besides weights, GiB.")] = 1.5,
 ) -> None:
-    """Estimate per-GPU memory, vLLM KV cache and time per round of a recipe; exit 1 if it does not fit."""
+    """Estimate per-GPU memory, vLLM KV cache and time per round of a recipe; exit 1 if it does not fit.
+
+    With a model directory it also counts how many training ground truths fit the recipe's token
+    budgets, with that model's tokenizer.
+    """
     from seal_rl.plan import Assumptions, estimate, render
     from seal_rl.train import load_recipe
 
@@ -429,10 +425,31 @@ def plan_command(
                               gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib)  # fmt: skip
     plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy, assumptions=assumptions)
     out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
-    out.print(render(plan), markup=False, highlight=False, soft_wrap=True)
+    # The verdict is the report's last line, printed once; the exit code tells scripts.
+    out.print(render(plan, budgets=_budget_count_line(recipe)), markup=False, highlight=False, soft_wrap=True)
     if not plan.fits:
-        err.print(f"[bold red]does not fit:[/] {plan.reason}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _budget_count_line(recipe) -> str:
+    """``seal plan``'s line on the ground truths within the budgets, counted with the model
+    directory's tokenizer; for a preset (no tokenizer) it says why nothing was counted."""
+    from seal_rl.budgets import count_for_recipe, summary_line
+    from seal_rl.plan import PRESET_PREFIX
+
+    path = recipe.model.path
+    if path.startswith(PRESET_PREFIX):
+        return "ground truths within budgets: not counted (a preset has no tokenizer; give model.path=MODEL_DIR to count)"
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
+    except (OSError, ValueError):
+        return f"ground truths within budgets: not counted (no tokenizer could be loaded from {path})"
+    try:
+        return summary_line(count_for_recipe(recipe, tokenizer))
+    except SealError as exc:  # e.g. a tokenizer without a chat template
+        return f"ground truths within budgets: not counted ({exc})"
 
 
 @app.command("sft")

@@ -16,6 +16,10 @@ and how the estimates compare with published figures. In short:
 * the colocated vLLM engine takes ``vllm_gpu_memory_utilization`` of the GPU; its KV cache holds
   2 · layers · kv_heads · head_dim · dtype bytes per token (vLLM's arithmetic);
 * time per round is FLOPs at an assumed MFU plus generated tokens at a decode roofline.
+
+``device="cpu"`` plans a run on the host instead (what ``seal train`` checks on a machine without
+CUDA, :mod:`seal_rl.fit`): the same terms in host RAM, with the precision torch actually trains in on
+CPU (no DeepSpeed mixed-precision master copy).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 GiB = 2**30
 PRESET_PREFIX = "preset:"
 STRATEGIES = ("zero3", "zero2", "zero1", "fsdp", "ddp")
+DEVICES = ("cuda", "cpu")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 VLLM_DTYPE_BYTES = 2
 """vLLM's ``dtype="auto"`` (what TRL's colocated engine uses) serves bf16 checkpoints in bf16 and
@@ -194,16 +199,24 @@ class Precision:
     activation_bytes: int
 
 
-def precision(recipe: SealRecipe, shape: ModelShape) -> Precision:
+def precision(recipe: SealRecipe, shape: ModelShape, device: str = "cuda") -> Precision:
     """The training precision of a recipe.
 
     ``grpo.bf16``: mixed precision, 2 + 2 + 12 bytes per parameter (ZeRO paper §3.1; DeepSpeed's
     bf16 mode). Under DDP/FSDP autocast with float32 weights the split is 4 + 4 + 8, the same total.
     Otherwise Adam runs in the weights' own dtype: 4 + 4 + 8 in float32, or 2 + 2 + 4 for bfloat16
     weights (no master copy: Adam's moments in bfloat16).
+
+    On CPU (``device="cpu"``) ``grpo.bf16`` is torch's CPU autocast: weights, gradients and Adam stay
+    in the loaded dtype (``model.dtype``, or the checkpoint's for ``auto``) and only the activations
+    are bfloat16.
     """
     dtype = shape.dtype if recipe.model.dtype == "auto" else recipe.model.dtype
     weight_bytes = DTYPE_BYTES.get(dtype, 4)
+    if recipe.grpo.bf16 and device == "cpu":
+        if weight_bytes == 4:
+            return Precision("float32 weights, bf16 autocast: 4+4+8 bytes/param", 4, 4, 8, 2)
+        return Precision("pure bf16 (no fp32 master): 2+2+4 bytes/param", 2, 2, 4, 2)
     if recipe.grpo.bf16:
         return Precision("mixed bf16: 2+2+12 bytes/param", 2, 2, 12, 2)
     if weight_bytes == 4:
@@ -408,6 +421,7 @@ class Plan:
     model: str
     shape: ModelShape
     gpus: int
+    """training processes: GPUs, or processes sharing the host's memory on CPU"""
     gpu_memory: int
     strategy: str
     precision: Precision
@@ -433,6 +447,8 @@ class Plan:
     gen_tokens_per_s: float
     assumptions: Assumptions
     notes: list[str] = field(default_factory=list)
+    device: str = "cuda"
+    """``cuda`` (memory per GPU) or ``cpu`` (``gpu_memory``: each process's share of the host's RAM)"""
 
     @property
     def longest_sequence(self) -> int:
@@ -468,7 +484,8 @@ class Plan:
                     "which vLLM refuses as max_model_len; shorten budgets.max_prompt_tokens or max_completion_tokens.")  # fmt: skip
         if self.training_bytes > self.training_budget:
             over = (self.training_bytes - self.training_budget) / GiB
-            return (f"training needs {self.training_bytes / GiB:.1f} GiB per GPU but {self.training_budget / GiB:.1f} GiB "
+            per = "per GPU" if self.device == "cuda" else "per process"
+            return (f"training needs {self.training_bytes / GiB:.1f} GiB {per} but {self.training_budget / GiB:.1f} GiB "
                     f"is available ({over:.1f} GiB short); try {self._remedies()}.")  # fmt: skip
         if self.vllm is not None and not self.vllm.starts:
             if self.vllm.kv_cache <= 0:
@@ -482,8 +499,8 @@ class Plan:
 
     def _remedies(self) -> str:
         """What could make the training side fit, leaving out what the recipe already does."""
-        remedies = ["more GPUs"]
-        if self.strategy not in ("zero3", "fsdp"):
+        remedies = ["more GPUs"] if self.device == "cuda" else ["a machine with more memory"]
+        if self.strategy not in ("zero3", "fsdp") and (self.device == "cuda" or self.gpus > 1):
             remedies.append("--strategy zero3")
         if not self.checkpointing:
             remedies.append("model.gradient_checkpointing=true")
@@ -507,11 +524,13 @@ def estimate(
     assumptions: Assumptions = Assumptions(),
     shape: ModelShape | None = None,
     num_tasks: int | None = None,
+    device: str = "cuda",
 ) -> Plan:
     """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (see the module docstring).
 
     ``shape`` defaults to :func:`model_shape` of ``recipe.model.path``; ``num_tasks`` (training
-    tasks) to the recipe's task selection, as ``seal train`` makes it.
+    tasks) to the recipe's task selection, as ``seal train`` makes it. ``device="cpu"``: ``gpus``
+    processes on one host, each with ``gpu_memory_gb`` of its RAM (see :func:`precision`).
     """
     from seal_rl.train import batch_layout
 
@@ -521,10 +540,12 @@ def estimate(
         raise SealError(f"--gpu-memory must be positive (GiB per GPU); got {gpu_memory_gb}.")
     if strategy not in STRATEGIES:
         raise SealError(f"Unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}.")
+    if device not in DEVICES:
+        raise SealError(f"Unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
     shape = shape or model_shape(recipe.model.path)
     layout = batch_layout(recipe, gpus)
     g, budgets = recipe.grpo, recipe.budgets
-    p = precision(recipe, shape)
+    p = precision(recipe, shape, device)
     gpu_memory = int(gpu_memory_gb * GiB)
     b = g.per_device_train_batch_size
     prompt, completion = budgets["max_prompt_tokens"], budgets["max_completion_tokens"]
@@ -567,7 +588,7 @@ def estimate(
         logits_if_materialised=materialised_logits_bytes(shape, b * completion), training_budget=training_budget,
         vllm=vllm, trained_tokens=episodes * sequence, generated_tokens=episodes * generated_per_episode,
         forwards=forward_passes(recipe, layout), forward_flops_per_token=forward_flops_per_token(shape, sequence),
-        gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes,
+        gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes, device=device,
     )  # fmt: skip
 
 
@@ -699,16 +720,21 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render(plan: Plan) -> str:
-    """The plan as fixed-width text: recipe, batch layout, memory table, vLLM, tokens and time."""
+def render(plan: Plan, budgets: str | None = None) -> str:
+    """The plan as fixed-width text: recipe, batch layout, memory table, vLLM, tokens and time, and
+    the verdict as its last line. ``budgets``: a line on the ground truths within the budgets
+    (:func:`seal_rl.budgets.summary_line`), shown under the sequence lengths."""
     s, a = plan.shape, plan.assumptions
     lay = plan.layout
+    hardware = (f"{plan.gpus} GPU(s) x {plan.gpu_memory / GiB:g} GiB" if plan.device == "cuda" else
+                f"{plan.gpus} CPU process(es) x {plan.gpu_memory / GiB:.1f} GiB of host RAM")  # fmt: skip
     lines = [
         f"model      {plan.model}: {s.num_layers} layers, hidden {s.hidden_size}, heads {s.num_attention_heads} "
         f"(kv {s.num_key_value_heads}), MLP {s.intermediate_size}, vocab {s.vocab_size}; Ψ = {s.parameters / 1e9:.2f} B parameters",
-        f"hardware   {plan.gpus} GPU(s) x {plan.gpu_memory / GiB:g} GiB, strategy {plan.strategy}, {plan.precision.name}, "
+        f"hardware   {hardware}, strategy {plan.strategy}, {plan.precision.name}, "
         f"gradient checkpointing {'on' if plan.checkpointing else 'off'}",
         f"sequence   prompt {plan.prompt_tokens} + completion {plan.completion_tokens} = {plan.longest_sequence} tokens at most",
+        *([budgets] if budgets else []),
         f"batch      {plan.episodes} episodes per round ({plan.episodes // plan.gpus} per GPU); micro-batch {plan.micro_batch}; "
         f"steps_per_generation {lay['steps_per_generation']}, gradient_accumulation_steps {lay['gradient_accumulation_steps']}, "
         f"optimizer steps per round {lay['updates_per_round']}",
@@ -771,19 +797,6 @@ def render(plan: Plan) -> str:
     spare = (plan.training_budget - plan.training_bytes) / GiB
     lines += ["", f"fits ({spare:.1f} GiB to spare per GPU)" if plan.fits else f"does not fit: {plan.reason}"]
     return "\n".join(lines)
-
-
-def print_for_training(recipe: SealRecipe, gpus: int, gpu_memory_gib: float, strategy: str) -> None:
-    """``seal plan`` for a run about to start on the GPUs it has (``seal train`` prints it before
-    loading anything). A run the estimate says cannot fit goes on, with a warning: it is an estimate."""
-    try:
-        plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory_gib, strategy=strategy)
-    except SealError as exc:
-        print(f"seal plan: no estimate ({exc})", flush=True)
-        return
-    print(render(plan), flush=True)
-    if not plan.fits:
-        print(f"WARNING: seal plan estimates this run does not fit: {plan.reason}", flush=True)
 
 
 def launch_strategy(environ: dict[str, str]) -> str:

@@ -109,6 +109,32 @@ def build_tokenizer(vocab_size: int = 2048, task_set: TaskSet | None = None):
     return tokenizer
 
 
+def tiny_config(
+    *,
+    vocab_size: int = 2048,
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_position_embeddings: int = 32768,
+) -> dict:
+    """The ``config.json`` numbers of the tiny model :func:`build_tiny_model` builds, without building
+    it (``seal train`` plans its memory from them before the model exists). ``vocab_size`` is the
+    tokenizer's, which the built model may undercut by a few tokens when BPE runs out of merges."""
+    return {
+        "model_type": "llama",
+        "vocab_size": vocab_size + len(TOOL_TOKENS),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": True,
+        "dtype": "float32",
+    }
+
+
 def build_tiny_model(
     out_dir: Path,
     *,
@@ -127,15 +153,11 @@ def build_tiny_model(
 
     tokenizer = build_tokenizer(vocab_size, task_set)
     torch.manual_seed(seed)
+    numbers = tiny_config(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, heads=heads, kv_heads=kv_heads,
+                          max_position_embeddings=max_position_embeddings)  # fmt: skip
+    del numbers["model_type"], numbers["dtype"]  # LlamaConfig's own; the model is built in torch's default float32
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        **{**numbers, "vocab_size": len(tokenizer)},
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -46,10 +46,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from seal_rl.apatch import ApatchConfig, budgeted, reweight, trajectory_weight, update_label_weights
+from seal_rl.budgets import count_for_recipe, summary_line
 from seal_rl.diagnose import PRIORITIES, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl import jsonl, recipes
 from seal_rl.errors import SealError, SealWarning
+from seal_rl.fit import check_before_training
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator
@@ -992,11 +994,17 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
 
 
 def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
-          recipe_path: Path | None = None) -> dict[str, Any]:
+          recipe_path: Path | None = None, force: bool = False, machine: Any = None) -> dict[str, Any]:
     """Run SEAL (or an ablation) as the recipe says; return a short summary.
 
     ``resume``: continue the run in ``out`` from its newest checkpoint (model, optimizer, RNG and
     SEAL state; log lines of rounds after that checkpoint are dropped first).
+
+    Before anything is written or loaded, the main process checks that the recipe fits this
+    machine's memory (:func:`seal_rl.fit.check_before_training`; ``machine``: a
+    :class:`seal_rl.fit.Machine` to check against instead of this one) and refuses with a
+    :class:`SealError` when it does not, unless ``force``. Once the model directory exists it prints
+    how many of the training tasks' ground truths fit the budgets (:mod:`seal_rl.budgets`).
     """
     import torch
     from datasets import Dataset
@@ -1016,6 +1024,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     distributed = PartialState(cpu=not torch.cuda.is_available())
     layout = batch_layout(recipe, distributed.num_processes)
     is_main = distributed.is_main_process
+    if is_main:
+        check_before_training(recipe, processes=distributed.num_processes, num_tasks=len(tasks), force=force, machine=machine,
+                              say=_say)  # fmt: skip
     out = Path(out)
     with ExitStack() as held:
         if is_main:
@@ -1033,6 +1044,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
             model_path = _prepare_model(recipe, out, task_set)
+        if is_main:
+            _say(summary_line(count_for_recipe(recipe, AutoTokenizer.from_pretrained(model_path), task_set, tasks)))
         if recipe.warm_start.data:
             if distributed.num_processes > 1:
                 raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
@@ -1128,6 +1141,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
                 "apatch_hook_calls": loop.apatch_hook_calls,
                 "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+
+
+def _say(text: str) -> None:
+    """A line for the person at the terminal (stderr, like the start banner), without Rich markup."""
+    CONSOLE.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 @contextmanager
