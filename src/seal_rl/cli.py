@@ -435,6 +435,7 @@ def _budget_count_line(recipe) -> str:
     """``seal plan``'s line on the ground truths within the budgets, counted with the model
     directory's tokenizer; for a preset (no tokenizer) it says why nothing was counted."""
     from seal_rl.budgets import count_for_recipe, summary_line
+    from seal_rl.models import resolve_model
     from seal_rl.plan import PRESET_PREFIX
 
     path = recipe.model.path
@@ -443,7 +444,7 @@ def _budget_count_line(recipe) -> str:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(Path(path).expanduser()))
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(resolve_model(path)).expanduser()))
     except (OSError, ValueError):
         return f"ground truths within budgets: not counted (no tokenizer could be loaded from {path})"
     try:

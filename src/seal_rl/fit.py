@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seal_rl.errors import SealError
+from seal_rl.models import resolve_model
 from seal_rl.plan import GiB, Assumptions, ModelShape, Plan, estimate, launch_strategy, model_shape, render, shape_from_config
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def recipe_shape(recipe: SealRecipe) -> ModelShape:
         m = recipe.model
         return shape_from_config(tiny_config(vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers),
                                  source="the tiny model's config")  # fmt: skip
-    return model_shape(str(Path(recipe.model.path).expanduser()))
+    return model_shape(str(Path(resolve_model(recipe.model.path)).expanduser()))
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def check_before_training(
 
     from seal_rl.errors import SealWarning
 
-    if recipe.model.path != "tiny" and not (Path(recipe.model.path).expanduser() / "config.json").is_file():
+    if recipe.model.path != "tiny" and not (Path(resolve_model(recipe.model.path)).expanduser() / "config.json").is_file():
         return None  # not a model directory: preparing the model says what is wrong
     machine = machine or this_machine(processes)
     try:
