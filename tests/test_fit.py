@@ -128,3 +128,13 @@ def test_seal_train_prints_the_fit_and_the_budget_count_at_start(monkeypatch, ca
     fits = err.index("memory (seal plan's estimate)")
     counted = err.index("ground truths within budgets: base 0/1, miss_func 0/1, miss_param 0/1, long_context 0/1 — ")
     assert fits < counted
+
+
+def test_the_real_smollm2_by_name_is_refused_without_checkpointing(monkeypatch, capsys, tmp_path, smollm2_dir):
+    """The issue's command with the pulled model's name (not a directory): refused before any rollout."""
+    monkeypatch.setattr(fit, "this_machine", lambda processes, environ=None: Machine.cpu(24.0, processes))
+    monkeypatch.setattr("seal_rl.train._prepare_model", _stop)
+    code, out, err = run_cli(monkeypatch, capsys, "train", "--config", SMOKE, "--set", "model.path=smollm2-135m-instruct",
+                             "--set", "grpo.max_steps=1", "--out", str(tmp_path / "run"))  # fmt: skip
+    assert code == 2 and "does not fit on this machine" in err and "stopped here" not in err
+    assert recipe_shape(load_recipe(SMOKE, ["model.path=smollm2-135m-instruct"])) == model_shape(smollm2_dir)
