@@ -78,6 +78,12 @@ class ModelConfig:
     tiny_vocab_size: int = 4096
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
+    tiny_heads: int = 4
+    """attention heads of the tiny model; head_dim = tiny_hidden_size / tiny_heads (16 by default). vLLM's
+    CPU attention accepts only some head sizes (32, 64, 80, 96, 112, 128, ...): with ``use_vllm`` on a CPU
+    set ``tiny_heads: 1`` (head_dim 64) or a wider ``tiny_hidden_size``"""
+    tiny_kv_heads: int = 2
+    """key/value heads of the tiny model (grouped-query attention); must divide ``tiny_heads``"""
     dtype: str = "auto"
     """``auto`` | ``bfloat16`` | ``float32``"""
     gradient_checkpointing: bool = False
@@ -286,7 +292,30 @@ def validate(recipe: SealRecipe) -> None:
                         "level-2 sleep would re-push all weights before every call.")  # fmt: skip
     if g.vllm_tensor_parallel_size < 1:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
+    if recipe.model.path == "tiny":
+        check_tiny_heads(recipe.model, vllm=g.use_vllm)
     check_report_to(g.report_to)
+
+
+def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:
+    """The tiny model's attention shape is buildable, and served by vLLM's CPU attention when the
+    engine runs on a CPU (it refuses other head sizes with "Unsupported CPU attention configuration")."""
+    m = model
+    if m.tiny_heads < 1 or m.tiny_kv_heads < 1 or m.tiny_hidden_size % m.tiny_heads or m.tiny_heads % m.tiny_kv_heads:
+        raise SealError(f"model.tiny_heads ({m.tiny_heads}) must divide tiny_hidden_size ({m.tiny_hidden_size}) and be a "
+                        f"multiple of tiny_kv_heads ({m.tiny_kv_heads}).")  # fmt: skip
+    head_dim = m.tiny_hidden_size // m.tiny_heads
+    if vllm and head_dim not in VLLM_CPU_HEAD_SIZES:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SealError(f"The tiny model's head_dim is {head_dim} (tiny_hidden_size / tiny_heads) but vLLM's CPU attention "
+                            f"takes only {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}: set model.tiny_heads so that it is "
+                            f"one (e.g. model.tiny_heads={max(1, m.tiny_hidden_size // 64)}).")  # fmt: skip
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+"""head sizes vLLM 0.30's CPU attention backend supports (``CPUAttentionBackend.get_supported_head_sizes``)"""
 
 
 def check_report_to(backends: Sequence[str]) -> None:
@@ -975,8 +1004,9 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
 
         target = out / "tiny-init"
         if not (target / "config.json").exists():
-            build_tiny_model(target, vocab_size=recipe.model.tiny_vocab_size, hidden_size=recipe.model.tiny_hidden_size,
-                             layers=recipe.model.tiny_layers, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
+            m = recipe.model
+            build_tiny_model(target, vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers,
+                             heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
         return str(target)
     from seal_rl.models import resolve_model
 
