@@ -52,7 +52,7 @@ from seal_rl import jsonl, recipes
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
-from seal_rl.generators import HFGenerator, VLLMGenerator
+from seal_rl.generators import HFGenerator, VLLMGenerator, vllm_cpu
 from seal_rl.generators.lockstep import trainer_lockstep
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.runlock import run_lock
@@ -1115,6 +1115,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             use_cpu=not torch.cuda.is_available(),
             **g.extra,
         )
+        if g.use_vllm:  # TRL's colocated sync reaches the engine's worker: the engine must run in this process
+            vllm_cpu.in_process()
+            if not torch.cuda.is_available():  # vLLM's CPU build would size its KV cache to most of the memory
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -1138,6 +1142,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
             )  # fmt: skip
         trainer.seal = loop
+        if g.use_vllm:
+            vllm_cpu.install_weight_sync(trainer.vllm_generation)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
