@@ -32,7 +32,7 @@ import json
 import os
 import time
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -53,6 +53,7 @@ from seal_rl.errors import SealError, SealWarning
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator, vllm_cpu
+from seal_rl.generators.vllm_engines import trl_engine_dtype
 from seal_rl.generators.lockstep import trainer_lockstep
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.runlock import run_lock
@@ -142,6 +143,10 @@ class GRPOSettings:
     vllm_gpu_memory_utilization: float = 0.4
     vllm_tensor_parallel_size: int = 1
     """ranks per vLLM engine; a TP group generates the union of its ranks' requests in lockstep"""
+    vllm_dtype: str = "auto"
+    """the colocated engine's dtype: ``auto`` is the trainer's (the loaded model's; vLLM by itself would
+    run a float32 checkpoint in bfloat16, far from the trainer's log-probabilities), or any vLLM dtype
+    (``bfloat16``, ``float32``)"""
     vllm_importance_sampling_correction: bool = False
     """TRL's correction for the vLLM/trainer probability mismatch (TRL's default True). Off by
     default: the paper's reference (verl) trains without it. Needs the sampled log-probabilities,
@@ -1136,7 +1141,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 _drop_logs_after(out, loop.state.round)
             loop.best_validation = _best_validation(out)
         trainer_class = make_trainer_class()
-        with _tensorboard_dir(out / "tensorboard"):  # read by transformers' TensorBoardCallback when it is built
+        engine_dtype = str(model.dtype).removeprefix("torch.") if g.vllm_dtype == "auto" else g.vllm_dtype
+        with _tensorboard_dir(out / "tensorboard"), trl_engine_dtype(engine_dtype) if g.use_vllm else nullcontext():
             trainer = trainer_class(
                 model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
                 rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],

@@ -4,7 +4,8 @@ CPUs with vLLM's CPU build: :mod:`seal_rl.generators.vllm_cpu`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from seal_rl.errors import SealError
@@ -12,6 +13,25 @@ from seal_rl.generators import vllm_cpu
 from seal_rl.generators.lockstep import Lockstep
 from seal_rl.rollout import Generation, Request, derived_seed
 from seal_rl.trajectory import ChatTokens
+
+
+@contextmanager
+def trl_engine_dtype(dtype: str) -> Iterator[None]:
+    """Build TRL's colocated engine (``vllm.LLM``, made inside ``GRPOTrainer.__init__``) with this
+    ``dtype``: TRL 1.16 passes none, and vLLM then downcasts a float32 checkpoint to bfloat16 (on a
+    CPU too), so the engine's log-probabilities would differ from a float32 trainer's by ~1e-2."""
+    from trl.generation import vllm_generation
+
+    build = vllm_generation.LLM
+
+    def with_dtype(*args: Any, **kwargs: Any) -> Any:
+        return build(*args, **{"dtype": dtype, **kwargs})
+
+    vllm_generation.LLM = with_dtype
+    try:
+        yield
+    finally:
+        vllm_generation.LLM = build
 
 
 class VLLMGenerator:
