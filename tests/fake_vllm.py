@@ -110,6 +110,8 @@ class LLM:
     logprobs_mode: str = "raw_logprobs"
     quantization: str | None = None
     trust_remote_code: bool = False
+    dtype: str = "auto"
+    """set by seal-rl (``grpo.vllm_dtype``); the fake always samples in float32"""
     calls: list[dict[str, Any]] = field(default_factory=list)
     """every generate call: prompt lengths and sampling params (for tests)"""
 

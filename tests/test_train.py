@@ -465,3 +465,21 @@ def test_update_summary_names_what_was_not_computed_and_why():
     assert line.startswith("round 3 update: 14 s")
     assert "policy forward+backward 12 s" in line and "old log-probs 2 s" in line
     assert "reference model not computed (grpo.beta 0.0)" in line
+
+
+def test_tiny_heads_set_the_tiny_models_head_dim_and_vllms_cpu_attention_refuses_16(tmp_path, task_set):
+    import json
+
+    from seal_rl.errors import SealError
+    from seal_rl.tiny import build_tiny_model
+    from seal_rl.train import load_recipe
+
+    smoke = ROOT / "configs" / "smoke-cpu.yaml"
+    assert load_recipe(smoke).model.tiny_heads == 4  # the default tiny model keeps head_dim 16
+    with pytest.raises(SealError, match=r"head_dim is 16 .* model.tiny_heads=1 model.tiny_kv_heads=1"):
+        load_recipe(smoke, ["grpo.use_vllm=true", "generator=vllm"])
+    load_recipe(smoke, ["grpo.use_vllm=true", "generator=vllm", "model.tiny_heads=1", "model.tiny_kv_heads=1"])
+    with pytest.raises(SealError, match="must divide tiny_hidden_size"):
+        load_recipe(smoke, ["model.tiny_heads=3"])
+    config = json.loads((build_tiny_model(tmp_path, vocab_size=512, heads=1, kv_heads=1, task_set=task_set) / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 64

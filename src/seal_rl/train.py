@@ -32,7 +32,7 @@ import json
 import os
 import time
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -54,7 +54,8 @@ from seal_rl.errors import SealError, SealWarning
 from seal_rl.fit import check_before_training
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
-from seal_rl.generators import HFGenerator, VLLMGenerator
+from seal_rl.generators import HFGenerator, VLLMGenerator, vllm_cpu
+from seal_rl.generators.vllm_engines import trl_engine_dtype
 from seal_rl.generators.lockstep import trainer_lockstep
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.runlock import run_lock
@@ -80,6 +81,12 @@ class ModelConfig:
     tiny_vocab_size: int = 4096
     tiny_hidden_size: int = 64
     tiny_layers: int = 2
+    tiny_heads: int = 4
+    """attention heads of the tiny model; head_dim = tiny_hidden_size / tiny_heads (16 by default). vLLM's
+    CPU attention accepts only some head sizes (32, 64, 80, 96, 112, 128, ...): with ``use_vllm`` on a CPU
+    set ``tiny_heads: 1`` (head_dim 64) or a wider ``tiny_hidden_size``"""
+    tiny_kv_heads: int = 2
+    """key/value heads of the tiny model (grouped-query attention); must divide ``tiny_heads``"""
     dtype: str = "auto"
     """``auto`` | ``bfloat16`` | ``float32``"""
     gradient_checkpointing: bool = False
@@ -138,6 +145,10 @@ class GRPOSettings:
     vllm_gpu_memory_utilization: float = 0.4
     vllm_tensor_parallel_size: int = 1
     """ranks per vLLM engine; a TP group generates the union of its ranks' requests in lockstep"""
+    vllm_dtype: str = "auto"
+    """the colocated engine's dtype: ``auto`` is the trainer's (the loaded model's; vLLM by itself would
+    run a float32 checkpoint in bfloat16, far from the trainer's log-probabilities), or any vLLM dtype
+    (``bfloat16``, ``float32``)"""
     vllm_importance_sampling_correction: bool = False
     """TRL's correction for the vLLM/trainer probability mismatch (TRL's default True). Off by
     default: the paper's reference (verl) trains without it. Needs the sampled log-probabilities,
@@ -288,7 +299,30 @@ def validate(recipe: SealRecipe) -> None:
                         "level-2 sleep would re-push all weights before every call.")  # fmt: skip
     if g.vllm_tensor_parallel_size < 1:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
+    if recipe.model.path == "tiny":
+        check_tiny_heads(recipe.model, vllm=g.use_vllm)
     check_report_to(g.report_to)
+
+
+def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:
+    """The tiny model's attention shape is buildable, and served by vLLM's CPU attention when the
+    engine runs on a CPU (it refuses other head sizes with "Unsupported CPU attention configuration")."""
+    m = model
+    if m.tiny_heads < 1 or m.tiny_kv_heads < 1 or m.tiny_hidden_size % m.tiny_heads or m.tiny_heads % m.tiny_kv_heads:
+        raise SealError(f"model.tiny_heads ({m.tiny_heads}) must divide tiny_hidden_size ({m.tiny_hidden_size}) and be a "
+                        f"multiple of tiny_kv_heads ({m.tiny_kv_heads}).")  # fmt: skip
+    head_dim = m.tiny_hidden_size // m.tiny_heads
+    if vllm and head_dim not in VLLM_CPU_HEAD_SIZES:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SealError(f"The tiny model's head_dim is {head_dim} (tiny_hidden_size / tiny_heads) but vLLM's CPU attention "
+                            f"takes only {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}: set model.tiny_heads so that it is "
+                            f"one (e.g. model.tiny_heads={max(1, m.tiny_hidden_size // 64)} model.tiny_kv_heads=1).")  # fmt: skip
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+"""head sizes vLLM 0.30's CPU attention backend supports (``CPUAttentionBackend.get_supported_head_sizes``)"""
 
 
 def check_report_to(backends: Sequence[str]) -> None:
@@ -977,8 +1011,9 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
 
         target = out / "tiny-init"
         if not (target / "config.json").exists():
-            build_tiny_model(target, vocab_size=recipe.model.tiny_vocab_size, hidden_size=recipe.model.tiny_hidden_size,
-                             layers=recipe.model.tiny_layers, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
+            m = recipe.model
+            build_tiny_model(target, vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers,
+                             heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
         return str(target)
     from seal_rl.models import resolve_model
 
@@ -1098,6 +1133,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             use_cpu=not torch.cuda.is_available(),
             **g.extra,
         )
+        if g.use_vllm:  # TRL's colocated sync reaches the engine's worker: the engine must run in this process
+            vllm_cpu.in_process()
+            if not torch.cuda.is_available():  # vLLM's CPU build would size its KV cache to most of the memory
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -1115,12 +1154,15 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 _drop_logs_after(out, loop.state.round)
             loop.best_validation = _best_validation(out)
         trainer_class = make_trainer_class()
-        with _tensorboard_dir(out / "tensorboard"):  # read by transformers' TensorBoardCallback when it is built
+        engine_dtype = str(model.dtype).removeprefix("torch.") if g.vllm_dtype == "auto" else g.vllm_dtype
+        with _tensorboard_dir(out / "tensorboard"), trl_engine_dtype(engine_dtype) if g.use_vllm else nullcontext():
             trainer = trainer_class(
                 model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
                 rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
             )  # fmt: skip
         trainer.seal = loop
+        if g.use_vllm:
+            vllm_cpu.install_weight_sync(trainer.vllm_generation)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))

