@@ -239,3 +239,17 @@ def test_seal_train_prints_the_plan_for_its_gpus(monkeypatch, capsys):
     assert "strategy zero3" in printed and "fits (" in printed and "WARNING" not in printed
     print_for_training(load_recipe(paper, PAPER_SETTINGS), 4, 24.0, "zero3")
     assert "WARNING: seal plan estimates this run does not fit" in capsys.readouterr().out
+
+
+def test_the_hf_generators_prefix_cache_is_planned_unless_the_weights_are_sharded_over_processes():
+    hf = [*PAPER_SETTINGS, "generator=hf", "grpo.use_vllm=false", "prefix_cache_tokens=10000"]
+    recipe = load_recipe(PAPER, hf)
+    plan = estimate(recipe, gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    (line,) = [m for m in plan.memory if m.name.startswith("hf prefix cache")]
+    assert line.bytes == 10000 * 28 * 2 * 4 * 128 * 2  # Qwen2.5-7B: 28 layers, 4 KV heads of 128, K and V, bf16
+    sharded = estimate(recipe, gpus=4, gpu_memory_gb=80, strategy="zero3", num_tasks=400)
+    assert not [m for m in sharded.memory if m.name.startswith("hf prefix cache")]  # off under lockstep
+    off = estimate(load_recipe(PAPER, [*hf, "prefix_cache_tokens=0"]), gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    assert not [m for m in off.memory if m.name.startswith("hf prefix cache")]
+    with pytest.raises(SealError, match="prefix_cache_tokens must be >= 0"):
+        load_recipe(PAPER, [*hf, "prefix_cache_tokens=-1"])

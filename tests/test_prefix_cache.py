@@ -146,3 +146,18 @@ def test_models_with_sliding_window_layers_generate_without_the_cache(tiny):
     with pytest.warns(SealWarning, match="sliding-window"):
         generator = HFGenerator(Qwen2ForCausalLM(config), tokenizer, temperature=0.0)
     assert generator.prefix_cache is None
+
+
+def test_seal_eval_builds_the_hf_generator_with_the_setting(tiny_model_dir):
+    from seal_rl.env import EnvConfig
+    from seal_rl.errors import SealError
+    from seal_rl.evaluate import ModelSettings, make_generator
+    from seal_rl.policies import ModelPolicy
+
+    policy = ModelPolicy(tiny_model_dir)
+    generator, _, _ = make_generator(policy, ModelSettings(), EnvConfig(), [])
+    assert generator.prefix_cache.max_tokens == ModelSettings().prefix_cache_tokens == 65536  # on by default
+    generator, _, _ = make_generator(policy, ModelSettings(prefix_cache_tokens=0), EnvConfig(), [])
+    assert generator.prefix_cache is None
+    with pytest.raises(SealError, match="--prefix-cache-tokens must be >= 0"):
+        make_generator(policy, ModelSettings(prefix_cache_tokens=-1), EnvConfig(), [])

@@ -54,6 +54,7 @@ from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
+from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.runlock import run_lock
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
@@ -203,6 +204,10 @@ class SealRecipe:
     """episodes played at once per rank"""
     generation_batch: int = 16
     """hf generator: sequences per generate() call"""
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
+    """hf generator: tokens of prompt KV states kept so a call only prefills what earlier prompts did
+    not have (the tool prompt, a group's shared opening, the conversation so far); 0: off. Ignored
+    (off) when the weights are sharded over several processes (FSDP, ZeRO-3). See docs/training.md."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
     eval: ValidationConfig = field(default_factory=ValidationConfig)
@@ -286,6 +291,8 @@ def validate(recipe: SealRecipe) -> None:
                         "level-2 sleep would re-push all weights before every call.")  # fmt: skip
     if g.vllm_tensor_parallel_size < 1:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
+    if recipe.prefix_cache_tokens < 0:
+        raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
     check_report_to(g.report_to)
 
 
@@ -421,7 +428,7 @@ class SealLoop:
         training = model.training
         model.eval()
         generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch,
-                                lockstep=trainer_lockstep(trainer))  # fmt: skip
+                                lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
@@ -544,7 +551,7 @@ class SealLoop:
         model = trainer.accelerator.unwrap_model(trainer.model)
         return HFGenerator(model, trainer.processing_class, temperature=self.recipe.grpo.temperature,
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
-                           lockstep=trainer_lockstep(trainer))  # fmt: skip
+                           lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
 
     # after TRL's advantages -------------------------------------------------------------------
 
