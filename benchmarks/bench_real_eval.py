@@ -16,7 +16,7 @@ With ``--repeats R`` the calls are played R times (the cache starts empty each t
 call's fastest time is kept: on a shared machine the slower ones measure the neighbours.
 The model is loaded as ``seal eval`` loads it (its configured dtype, on the CPU).
 
-Usage: python benchmarks/bench_real_eval.py [--model DIR] [--tasks 2] [--calls 2] [--max-new-tokens 32] [--repeats 1]
+Usage: python benchmarks/bench_real_eval.py [--model DIR] [--tasks 2] [--calls 2] [--max-new-tokens 32] [--repeats 1] [--threads N]
 Without --model it asks ``python -m seal_rl models path qwen2.5-coder-0.5b-instruct``; when that
 gives no directory the benchmark says so and exits 0 (it needs a model on disk).
 """
@@ -105,6 +105,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2, help="model calls measured per task (its first ones)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per call")
     parser.add_argument("--repeats", type=int, default=1, help="play the calls this many times, keep each call's fastest")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
     model_dir = args.model or default_model()
     if model_dir is None:
@@ -114,6 +115,8 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # as `seal eval --policy hf:` loads it
     model.eval()
