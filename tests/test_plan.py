@@ -249,3 +249,17 @@ def test_the_plan_counts_ground_truths_within_budgets_with_the_models_tokenizer(
     line = next(line for line in out.splitlines() if line.startswith("ground truths within budgets:"))
     assert line.startswith("ground truths within budgets: base 100/100, miss_func 100/100, miss_param 100/100, long_context ")
     assert "end with completion_budget" in line and "400 tasks played" in line
+
+
+def test_the_hf_generators_prefix_cache_is_planned_unless_the_weights_are_sharded_over_processes():
+    hf = [*PAPER_SETTINGS, "generator=hf", "grpo.use_vllm=false", "prefix_cache_tokens=10000"]
+    recipe = load_recipe(PAPER, hf)
+    plan = estimate(recipe, gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    (line,) = [m for m in plan.memory if m.name.startswith("hf prefix cache")]
+    assert line.bytes == 10000 * 28 * 2 * 4 * 128 * 2  # Qwen2.5-7B: 28 layers, 4 KV heads of 128, K and V, bf16
+    sharded = estimate(recipe, gpus=4, gpu_memory_gb=80, strategy="zero3", num_tasks=400)
+    assert not [m for m in sharded.memory if m.name.startswith("hf prefix cache")]  # off under lockstep
+    off = estimate(load_recipe(PAPER, [*hf, "prefix_cache_tokens=0"]), gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    assert not [m for m in off.memory if m.name.startswith("hf prefix cache")]
+    with pytest.raises(SealError, match="prefix_cache_tokens must be >= 0"):
+        load_recipe(PAPER, [*hf, "prefix_cache_tokens=-1"])

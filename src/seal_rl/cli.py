@@ -18,7 +18,7 @@ from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
-from seal_rl.evaluate import SCRIPTED, ModelSettings, evaluate, read_results
+from seal_rl.evaluate import DEFAULT_PREFIX_CACHE_TOKENS, SCRIPTED, ModelSettings, evaluate, read_results
 from seal_rl.interface import PROMPT_MODES
 from seal_rl.policies import BfclResultPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
@@ -203,6 +203,7 @@ def eval_command(
     max_new_tokens: Annotated[int, typer.Option(help="Model policies: longest model message, in tokens.")] = 1024,
     seed: Annotated[int, typer.Option(help="Model policies: sampling seed.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
+    prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
     timeout: Annotated[float, typer.Option(help="openai: seconds per request before a retry.")] = 120.0,
     retries: Annotated[int, typer.Option(help="openai: retries before an episode is recorded as a generation error.")] = 4,
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
@@ -235,6 +236,7 @@ def eval_command(
         err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
     settings = ModelSettings(
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
+        prefix_cache_tokens=prefix_cache_tokens,
         timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
     )  # fmt: skip
 

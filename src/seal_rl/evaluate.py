@@ -39,6 +39,7 @@ from seal_rl import jsonl
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.policies import BfclResultPolicy, Episode, ModelPolicy, OraclePolicy, Policy, ReplayPolicy, ServerPolicy, VLLMPolicy, parse_policy
 from seal_rl.generators import HFGenerator, OpenAIGenerator, ScriptedGenerator, ServerSettings, VLLMEngineGenerator
+from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.runlock import run_lock
 from seal_rl.rollout import Budgets, Generator, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson
@@ -128,6 +129,8 @@ class ModelSettings:
     """all tokens after the opening prompt (token-level policies)"""
     concurrency: int = 8
     """episodes played at once"""
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
+    """hf: tokens of prompt KV states kept for reuse by later calls (shared-prefix cache; 0: off)"""
     seed: int = 0
     timeout: float = 120.0
     """openai: seconds per request before a retry"""
@@ -158,12 +161,15 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
                                         seed=settings.seed)  # fmt: skip
         return generator, generator.chat, budgets
     if isinstance(policy, ModelPolicy):
+        if settings.prefix_cache_tokens < 0:
+            raise SealError(f"--prefix-cache-tokens must be >= 0 (0 turns the cache off); got {settings.prefix_cache_tokens}.")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(policy.path)
         model = AutoModelForCausalLM.from_pretrained(policy.path)
         model.eval()
-        generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p)
+        generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p,
+                                prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
         return generator, ChatTokens(tokenizer), budgets
     raise SealError(f"Policy {policy.name!r} cannot be evaluated.")
 

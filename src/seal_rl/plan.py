@@ -564,6 +564,10 @@ def estimate(
         memory.append(MemoryLine(f"hf generate KV cache ({running} sequences)",
                                  kv_cache_bytes_per_token(shape, p.activation_bytes) * running * sequence,
                                  "generation phase; freed before training"))  # fmt: skip
+        if recipe.prefix_cache_tokens and not (gpus > 1 and strategy in ("zero3", "fsdp")):  # off under lockstep
+            memory.append(MemoryLine(f"hf prefix cache ({recipe.prefix_cache_tokens:,} tokens)",
+                                     kv_cache_bytes_per_token(shape, p.activation_bytes) * recipe.prefix_cache_tokens,
+                                     "generation phase; freed before training"))  # fmt: skip
         notes.append("generator hf: counted as if its KV cache were alive at the training peak (it is not: an upper bound).")
         if strategy in ("zero3", "fsdp"):
             notes.append("generator hf under ZeRO-3/FSDP gathers the weights at every decoding step: far slower than estimated.")

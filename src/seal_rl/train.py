@@ -57,6 +57,7 @@ from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator, vllm_cpu
 from seal_rl.generators.vllm_engines import trl_engine_dtype
 from seal_rl.generators.lockstep import trainer_lockstep
+from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.runlock import run_lock
 from seal_rl.sft import WarmStartConfig, build_samples, check_source, run_sft
@@ -216,6 +217,10 @@ class SealRecipe:
     """episodes played at once per rank"""
     generation_batch: int = 16
     """hf generator: sequences per generate() call"""
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
+    """hf generator: tokens of prompt KV states kept so a call only prefills what earlier prompts did
+    not have (the tool prompt, a group's shared opening, the conversation so far); 0: off. Ignored
+    (off) when the weights are sharded over several processes (FSDP, ZeRO-3). See docs/training.md."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
     eval: ValidationConfig = field(default_factory=ValidationConfig)
@@ -301,6 +306,8 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
     if recipe.model.path == "tiny":
         check_tiny_heads(recipe.model, vllm=g.use_vllm)
+    if recipe.prefix_cache_tokens < 0:
+        raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
     check_report_to(g.report_to)
 
 
@@ -458,7 +465,7 @@ class SealLoop:
         training = model.training
         model.eval()
         generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch,
-                                lockstep=trainer_lockstep(trainer))  # fmt: skip
+                                lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
@@ -582,7 +589,7 @@ class SealLoop:
         model = trainer.accelerator.unwrap_model(trainer.model)
         return HFGenerator(model, trainer.processing_class, temperature=self.recipe.grpo.temperature,
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
-                           lockstep=trainer_lockstep(trainer))  # fmt: skip
+                           lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
 
     def print_update(self) -> None:
         """One line after each round's update: where its time went (since the previous line)."""

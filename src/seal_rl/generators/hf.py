@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+import warnings
 
+from seal_rl.errors import SealWarning
 from seal_rl.generators.lockstep import Lockstep
+from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache, supports_prefix_cache
 from seal_rl.rollout import Generation, Request
 from seal_rl.trajectory import ChatTokens
 
@@ -17,6 +20,14 @@ class HFGenerator:
     collective, so the ranks agree before each tick on how many ``generate`` calls it takes, run
     them with ``synced_gpus`` (transformers keeps finished ranks stepping), and a rank whose episodes
     have ended keeps making one-token calls from :meth:`close` until every rank is done.
+
+    Shared-prefix KV cache (:mod:`seal_rl.generators.prefix_cache`): with ``prefix_cache_tokens`` > 0
+    (default 65,536) every prompt only prefills the tokens after the longest prefix it shares with a
+    prompt read before (the tool prompt, the episode's conversation so far); up to that many tokens
+    of states are kept, least recently used first out, and dropped when the weights change. 0 turns
+    it off. It is off under ``lockstep`` (its per-prompt forward passes would not be matched across
+    ranks; and sharded weights are gathered per pass anyway) and for models whose cache layers are
+    not plain full-attention layers (sliding-window, linear attention), with a warning.
     """
 
     def __init__(
@@ -28,6 +39,7 @@ class HFGenerator:
         top_p: float = 1.0,
         max_batch: int = 16,
         lockstep: Lockstep | None = None,
+        prefix_cache_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         self.model = model
         self.chat = ChatTokens(tokenizer)
@@ -36,6 +48,13 @@ class HFGenerator:
         self.top_p = top_p
         self.max_batch = max_batch
         self.lockstep = lockstep
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_tokens > 0 and lockstep is None:
+            if supports_prefix_cache(model):
+                self.prefix_cache = PrefixCache(model, prefix_cache_tokens)
+            else:
+                warnings.warn(f"{type(model).__name__} has cache layers the prefix cache cannot cut and join "
+                              "(sliding-window or linear attention); generating without it.", SealWarning, stacklevel=2)  # fmt: skip
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         import torch
@@ -45,8 +64,7 @@ class HFGenerator:
         out: list[Generation | None] = []
         for call in range(calls):
             if call < len(batches):
-                torch.manual_seed(seed + call * self.max_batch)  # per-call seed: reruns and resumed runs sample the same
-                out += self._generate(batches[call])
+                out += self._generate(batches[call], seed + call * self.max_batch)
             else:
                 self._idle_call()
         return out
@@ -70,7 +88,7 @@ class HFGenerator:
             self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
                                 pad_token_id=self.tokenizer.pad_token_id, synced_gpus=True)  # fmt: skip
 
-    def _generate(self, batch: Sequence[Request]) -> list[Generation]:
+    def _generate(self, batch: Sequence[Request], seed: int) -> list[Generation]:
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -83,10 +101,13 @@ class HFGenerator:
             attention[row, width - len(ids):] = 1
         device = next(self.model.parameters()).device
         sampling = self.temperature > 0
+        past = self.prefix_cache.past_key_values([r.prompt_ids for r in batch]) if self.prefix_cache is not None else None
+        torch.manual_seed(seed)  # per-call seed: reruns and resumed runs sample the same
         with torch.no_grad():
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
+                past_key_values=past,
                 max_new_tokens=max(r.max_new_tokens for r in batch),
                 do_sample=sampling,
                 temperature=self.temperature if sampling else None,
