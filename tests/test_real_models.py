@@ -86,27 +86,35 @@ def play_oracle(tokenizer, tasks, task_set, config: EnvConfig, budgets: Budgets,
     return rollouts, generator.emitted
 
 
-def reference_tokens(tokenizer, messages, tools):
-    """The tokenizer's encoding of the template's own rendering of the conversation, and the mask a
-    sample of it must have: 1 exactly on each assistant message's content and its end-of-message
-    token (found in the rendered text, mapped to tokens by character offsets)."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=False, tokenize=False)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans, position = [], 0
-    for message in messages:
-        if message["role"] == "assistant":
-            head = "<|im_start|>assistant\n" + message["content"]
-            start = text.index(head, position) + len("<|im_start|>assistant\n")
-            end = start + len(message["content"]) + len(tokenizer.eos_token)
-            assert text[end - len(tokenizer.eos_token) : end] == tokenizer.eos_token
-            spans.append((start, end))
-            position = end
-    mask, k = [], 0
-    for begin, finish in encoded["offset_mapping"]:
-        while k < len(spans) and begin >= spans[k][1]:
-            k += 1
-        mask.append(int(k < len(spans) and spans[k][0] <= begin and finish <= spans[k][1]))
-    return encoded["input_ids"], mask, text
+def reference_tokens(tokenizer, conversations):
+    """For each (messages, tools): the tokenizer's encoding of the chat template's own rendering of
+    the conversation, and the mask a sample of it must have: 1 exactly on each assistant message's
+    content and its end-of-message token (found in the rendered text, mapped to tokens by their
+    character offsets). Encoded in batches (the tokenizer's own threads)."""
+    for first in range(0, len(conversations), 32):
+        yield from _reference_batch(tokenizer, conversations[first : first + 32])
+
+
+def _reference_batch(tokenizer, conversations):
+    texts = [tokenizer.apply_chat_template(m, tools=t, add_generation_prompt=False, tokenize=False) for m, t in conversations]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for (messages, _), text, ids, offsets in zip(conversations, texts, encoded["input_ids"], encoded["offset_mapping"]):
+        spans, position = [], 0
+        for message in messages:
+            if message["role"] == "assistant":
+                start = text.index("<|im_start|>assistant\n" + message["content"], position) + len("<|im_start|>assistant\n")
+                end = start + len(message["content"]) + len(tokenizer.eos_token)
+                assert text[end - len(tokenizer.eos_token) : end] == tokenizer.eos_token
+                spans.append((start, end))
+                position = end
+        mask, k = [], 0
+        for begin, finish in offsets:
+            while k < len(spans) and begin >= spans[k][1]:
+                k += 1
+            mask.append(int(k < len(spans) and spans[k][0] <= begin and finish <= spans[k][1]))
+        out.append((ids, mask))
+    return out
 
 
 def inexact_episodes(tokenizer, tasks, task_set, prompt_mode, call_format, generator_class: type = Recording) -> tuple[int, list[str]]:
@@ -115,14 +123,15 @@ def inexact_episodes(tokenizer, tasks, task_set, prompt_mode, call_format, gener
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SealWarning)  # SmolLM2 in chat_template mode: tested below
         rollouts, emitted = play_oracle(tokenizer, tasks, task_set, config, UNLIMITED, generator_class=generator_class)
+    interface = Interface(prompt_mode, call_format=call_format)
+    tools = [interface.tool_specs(task.functions) if prompt_mode == "chat_template" else None for task in tasks]
+    references = reference_tokens(tokenizer, [(r.record["messages"], t) for r, t in zip(rollouts, tools)])
     bad = []
-    for rollout, task in zip(rollouts, tasks):
+    for rollout, task, (ids, mask) in zip(rollouts, tasks, references):
         record, sample = rollout.record, rollout.trajectory
         if record["end_reason"] != "completed" or record["reward"] != 1.0:
             bad.append(f"{task.id}: the oracle ended with {record['end_reason']}, reward {record['reward']}")
             continue
-        tools = BfclEnv(config).reset(task)[1]["tools"] if prompt_mode == "chat_template" else None
-        ids, mask, text = reference_tokens(tokenizer, record["messages"], tools)
         n, p = len(sample.ids), len(sample.prompt_ids)
         # The template closes the last assistant message with "<|im_end|>\n"; a sample ends at <|im_end|>.
         if sample.ids != ids[:n] or tokenizer.decode(ids[n:]) != "\n":
@@ -131,7 +140,7 @@ def inexact_episodes(tokenizer, tasks, task_set, prompt_mode, call_format, gener
                        f"vs {tokenizer.decode(sample.ids[where:where + 8])!r}")  # fmt: skip
         elif sample.env_mask != mask[p:n] or any(mask[:p]):
             bad.append(f"{task.id}: the loss mask is not exactly the assistant tokens")
-        elif [t for t, m in zip(sample.completion_ids, sample.env_mask) if m] != sum(emitted[rollout.index], []):
+        elif [t for t, m in zip(sample.completion_ids, sample.env_mask) if m] != [t for g in emitted[rollout.index] for t in g]:
             bad.append(f"{task.id}: the masked tokens are not the emitted tokens")
     return len(rollouts), bad
 
@@ -278,3 +287,133 @@ def test_the_warning_reaches_the_user_of_an_episode_run(smollm2_tokenizer, task_
         if expected:
             assert "ignores `tools`" in ours[0] and "prompt_mode: bfcl_qwen_fc" in ours[0]
             assert "--prompt-mode bfcl_qwen_fc" in ours[0] and "\n" not in ours[0]
+
+
+# -- 3. a real-model episode through `seal eval` -------------------------------------------------
+
+
+def test_a_real_model_plays_an_episode_through_seal_eval(qwen_dir, qwen_tokenizer, tmp_path):
+    """`seal eval --policy hf:NAME` on Qwen2.5-Coder-0.5B: the episode is played and diagnosed.
+    64 new tokens per message and 2 executing steps per turn keep it to a few model calls."""
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "seal_rl", "eval", "--policy", "hf:qwen2.5-coder-0.5b-instruct",
+               "--tasks", "multi_turn_base_0", "--max-new-tokens", "64", "--max-steps-per-turn", "2", "--out", str(out)]  # fmt: skip
+    began = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    print(f"\nseal eval, one real-model episode: {time.perf_counter() - began:.0f} s")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["task_id"] == "multi_turn_base_0" and record["reward"] in (0.0, 1.0)
+    written = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
+    assert written and record["model_calls"] == len(written) <= 4 * 3  # 4 turns, at most 2 steps + the answer each
+    for text in written:  # the model's own words, each within --max-new-tokens
+        assert text.strip() and len(qwen_tokenizer(text, add_special_tokens=False)["input_ids"]) <= 64
+    from seal_rl.diagnose import FAILURE_LABELS, LABELS
+
+    labels = [t["label"] for t in record["diagnosis"]["labels"]]
+    assert len(labels) == record["num_turns"] == 4 and set(labels) <= set(LABELS)
+    if record["reward"] == 0.0:
+        assert any(label in FAILURE_LABELS for label in labels)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 1
+    print("labels:", labels, "\nfirst message:", written[0][:300])
+
+
+# -- 4. a real SEAL training round on SmolLM2 with gradient checkpointing -----------------------
+
+
+def _train_round(tmp_path, name: str, **overrides) -> tuple[Path, float]:
+    """One round of `seal train` on SmolLM2-135M with gradient checkpointing, scaled down from the
+    smoke recipe (the full smoke recipe takes ~12 min on 2 CPU cores): one task, 2 rollouts, 2
+    model calls of 8 tokens each."""
+    out = tmp_path / name
+    settings = {
+        "model.path": "smollm2-135m-instruct", "model.gradient_checkpointing": "true", "grpo.max_steps": 1,
+        "data.task_ids": "[multi_turn_base_105]", "grpo.num_generations": 2, "grpo.tasks_per_step": 1,
+        "grpo.tasks_per_update": 1, "grpo.per_device_train_batch_size": 2, "budgets.max_new_tokens": 8,
+        "budgets.max_completion_tokens": 64, "env.max_model_calls": 2, **overrides,
+    }  # fmt: skip
+    command = [sys.executable, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
+               "--out", str(out), "--set", *[f"{k}={v}" for k, v in settings.items()]]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    began = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    seconds = time.perf_counter() - began
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "trained 1 rounds" in result.stdout
+    return out, seconds
+
+
+def _weights_moved(smollm2_dir, out) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    before, after = load_file(Path(smollm2_dir) / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    assert before.keys() == after.keys()
+    return any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def _logged_losses(out) -> list[float]:
+    state = json.loads((out / "checkpoints" / "checkpoint-1" / "trainer_state.json").read_text())
+    return [line["loss"] for line in state["log_history"] if "loss" in line]
+
+
+def test_a_real_training_round_on_smollm2_with_gradient_checkpointing(smollm2_dir, tmp_path):
+    """The model's own generations. The untrained model does not call tools in the hermes format
+    (it writes shell commands or prose), so every reward is 0, every GRPO advantage is 0 and there
+    is no learning signal: the round must complete, log its metrics and run the update, and that is
+    all it can honestly show. The next test gives the same round real signal."""
+    out, seconds = _train_round(tmp_path, "own")
+    print(f"\nseal train, SmolLM2 own generations, one round: {seconds:.0f} s")
+    (metrics,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["round"] == 1
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["task_id"] == "multi_turn_base_105" and r["labels"] for r in rows)
+    written = [m["content"] for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    assert written and all(r["end_reason"] in ("completed", "max_model_calls", "completion_budget") for r in rows)
+    print("SmolLM2 wrote:", [w[:80] for w in written])
+    losses = _logged_losses(out)
+    assert len(losses) == 1  # the update ran
+    if any(r["advantage_after"] != 0 for r in rows):
+        assert _weights_moved(smollm2_dir, out)
+
+
+def test_a_real_training_round_with_signal_moves_smollm2s_weights(smollm2_dir, tmp_path):
+    """The same round with scripted generations in SmolLM2's own tokens (the oracle, reward 1, and
+    the oracle answering in plain text, reward 0): non-zero advantages, so the real model's weights
+    move under gradient checkpointing."""
+    out, seconds = _train_round(tmp_path, "signal", generator="tests.generators:oracle_or_plain",
+                                **{"budgets.max_completion_tokens": 4096, "env.max_model_calls": 20})
+    print(f"\nseal train, SmolLM2 scripted generations, one round: {seconds:.0f} s")
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["reward"] for r in rows) == [0.0, 1.0]
+    assert all(r["advantage_after"] != 0 for r in rows)
+    assert len(_logged_losses(out)) == 1
+    assert _weights_moved(smollm2_dir, out)
+
+
+def test_generation_during_training_sees_the_prompt(smollm2_dir):
+    """The hf generator is handed the model in training mode (TRL's trainer). With gradient
+    checkpointing on, transformers' generate then drops the KV cache yet feeds only the newest
+    token, so SmolLM2 answered "The-----------" instead of "The capital of France is Paris.":
+    rollouts ignored their prompts. The generator generates in eval mode and restores the mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seal_rl.generators import HFGenerator
+    from seal_rl.rollout import Request
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True, tokenize=False)  # fmt: skip
+    request = Request(0, None, [], [], {}, tokenizer(prompt, add_special_tokens=False)["input_ids"], 12)
+    generator = HFGenerator(model, tokenizer, temperature=0.0)
+    model.eval()
+    (reference,) = generator.generate([request], seed=0)
+    assert "Paris" in reference.text
+    model.gradient_checkpointing_enable()
+    model.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (during_training,) = generator.generate([request], seed=0)
+    assert during_training.token_ids == reference.token_ids and model.training
