@@ -15,11 +15,12 @@ messages only appends text), which Qwen2.5's and Llama 3's are; templates that r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from seal_rl.errors import SealError
+from seal_rl.errors import SealError, SealWarning
 
 Message = dict[str, Any]
 _MARK = "\u2063SEAL\u2063"  # an invisible marker no model writes, to find where a message's content ends
@@ -67,6 +68,7 @@ class ChatTokens:
         self.tokenizer = tokenizer
         self.tools = tools
         self.eos_ids = _eos_ids(tokenizer)
+        self._tools_checked = False
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -85,7 +87,30 @@ class ChatTokens:
 
     def start(self, messages: Sequence[Message]) -> Trajectory:
         """The trajectory of an episode that opens with ``messages``."""
+        if self.tools and not self._tools_checked:
+            self._tools_checked = True
+            self.warn_if_tools_ignored()
         return Trajectory(self.encode(self.render(messages, generation_prompt=True)))
+
+    def warn_if_tools_ignored(self) -> bool:
+        """Warn (once per instance, True) when the chat template renders ``tools`` as nothing.
+
+        ``chat_template`` prompt mode gives the tools to the template only; a template without
+        tools support (SmolLM2's plain ChatML) drops them, so the model never sees a tool name. A
+        warning, not an error: the episodes stay well defined and token-exact (replaying, scoring
+        and measuring such a model is legitimate), but training or evaluating it this way is
+        almost certainly not what was meant.
+        """
+        probe = [{"role": "user", "content": "?"}]
+        with_tools = self.render(probe, generation_prompt=True)
+        if with_tools != self.tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False):
+            return False
+        warnings.warn(
+            "This model's chat template ignores `tools`: in prompt mode chat_template the model never sees the "
+            "tools; use `prompt_mode: bfcl_qwen_fc` (recipes: env.prompt_mode) or `--prompt-mode bfcl_qwen_fc`.",
+            SealWarning, stacklevel=3,
+        )  # fmt: skip
+        return True
 
     def continuation(self, before: Sequence[Message], text: str, generated: Sequence[int], observation: Sequence[Message]) -> list[int]:
         """Token ids that follow a generated message up to the next generation prompt.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
 import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from seal_rl.errors import SealWarning
 from seal_rl.generators.lockstep import Lockstep
@@ -84,7 +85,7 @@ class HFGenerator:
 
         device = next(self.model.parameters()).device
         ids = torch.tensor([[self.tokenizer.pad_token_id]], device=device)
-        with torch.no_grad():
+        with torch.no_grad(), _eval_mode(self.model):  # as the real calls it matches
             self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
                                 pad_token_id=self.tokenizer.pad_token_id, synced_gpus=True)  # fmt: skip
 
@@ -101,9 +102,13 @@ class HFGenerator:
             attention[row, width - len(ids):] = 1
         device = next(self.model.parameters()).device
         sampling = self.temperature > 0
-        past = self.prefix_cache.past_key_values([r.prompt_ids for r in batch]) if self.prefix_cache is not None else None
-        torch.manual_seed(seed)  # per-call seed: reruns and resumed runs sample the same
-        with torch.no_grad():
+        # Generate in eval mode: in training mode with gradient checkpointing on, transformers turns
+        # the KV cache off but still feeds only the newest token, so every token after the first
+        # is generated without the prompt (SmolLM2 wrote "The-----------"). Also no dropout. The
+        # prefix cache's forward passes need the same (in training mode they would return no cache).
+        with torch.no_grad(), _eval_mode(self.model):
+            past = self.prefix_cache.past_key_values([r.prompt_ids for r in batch]) if self.prefix_cache is not None else None
+            torch.manual_seed(seed)  # per-call seed: reruns and resumed runs sample the same
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
@@ -125,6 +130,17 @@ class HFGenerator:
                 ids = ids[: next(k for k, i in enumerate(ids) if i in self.chat.eos_ids) + 1]
             generations.append(Generation(self.chat.decode(ids), ids))
         return generations
+
+
+@contextmanager
+def _eval_mode(model: Any) -> Iterator[None]:
+    """The model in eval mode, then back in the mode it was in (even on error)."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
 
 
 def _most(counts: list[int | None]) -> int:
