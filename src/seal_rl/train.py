@@ -1169,7 +1169,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             )  # fmt: skip
         trainer.seal = loop
         if g.use_vllm:
-            vllm_cpu.install_weight_sync(trainer.vllm_generation)  # on vLLM's CPU build only
+            vllm_cpu.install_weight_sync(trainer.vllm_generation, loop.timing)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -90,9 +91,10 @@ def repack_tied_heads(model: torch.nn.Module) -> list[str]:
     return repacked
 
 
-def install_weight_sync(generation: Any) -> bool:
+def install_weight_sync(generation: Any, timing: Counter[str] | None = None) -> bool:
     """Make TRL's colocated ``VLLMGeneration.sync_weights`` reload the weights through vLLM's
-    :func:`reload_weights` when its engine runs on a CPU; return whether it did.
+    :func:`reload_weights` when its engine runs on a CPU; return whether it did. Each sync adds its
+    seconds to ``timing["weight_sync"]`` (the run's ``time/seconds`` in ``metrics.jsonl``).
 
     The trainer's parameters still come from TRL's ``_iter_named_params`` (which gathers them under
     ZeRO-3/FSDP and renames PEFT and wrapper prefixes), so only the write into the engine changes.
@@ -101,7 +103,9 @@ def install_weight_sync(generation: Any) -> bool:
         return False
 
     def sync_weights() -> None:
-        generation.seal_sync_seconds = reload_weights(generation.llm, _detached(generation._iter_named_params()))
+        seconds = reload_weights(generation.llm, _detached(generation._iter_named_params()))
+        if timing is not None:
+            timing["weight_sync"] += seconds
 
     generation.sync_weights = sync_weights
     return True

@@ -19,7 +19,8 @@ from seal_rl.trajectory import ChatTokens
 def trl_engine_dtype(dtype: str) -> Iterator[None]:
     """Build TRL's colocated engine (``vllm.LLM``, made inside ``GRPOTrainer.__init__``) with this
     ``dtype``: TRL 1.16 passes none, and vLLM then downcasts a float32 checkpoint to bfloat16 (on a
-    CPU too), so the engine's log-probabilities would differ from a float32 trainer's by ~1e-2."""
+    CPU too), so its log-probabilities differ from a float32 trainer's (measured on the tiny model: mean
+    4.6e-4, max 2.0e-3, against 3e-7 and 1e-6 with float32)."""
     from trl.generation import vllm_generation
 
     build = vllm_generation.LLM
