@@ -4,6 +4,7 @@ anything, refuses in one line naming the fix, and --force overrides."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,7 @@ def test_seal_train_force_and_a_fitting_recipe_go_on_to_the_model(monkeypatch, c
     assert code == 2 and "Starting anyway (--force)" in err and "stopped here by the test" in err
     code, _, err = run_cli(monkeypatch, capsys, *base, "--set", CHECKPOINTING, "--out", str(tmp_path / "checkpointed"))
     assert code == 2 and "stopped here by the test" in err
-    assert "memory (seal plan's estimate): 8.2 GiB needed per process" in err and ": fits" in err
+    assert re.search(r"memory \(seal plan's estimate\): \d+\.\d GiB needed per process", err) and ": fits" in err
 
 
 def test_seal_train_prints_the_fit_and_the_budget_count_at_start(monkeypatch, capsys, tmp_path):

@@ -152,13 +152,8 @@ def summary_line(count: BudgetCount) -> str:
     return line + f" ({count.tasks} tasks played with the recipe's tokenizer in {count.seconds:.1f} s)"
 
 
-def count_for_recipe(recipe: Any, tokenizer: Any, task_set: TaskSet | None = None, tasks: Sequence[Task] | None = None) -> BudgetCount:
-    """:func:`count_within_budgets` for a training recipe: its training tasks (``tasks``, or its
-    selection as ``seal train`` makes it), environment, interface preset and budgets."""
-    from seal_rl.train import select_tasks
-
-    task_set = task_set or TaskSet.load()
-    if tasks is None:
-        tasks, _ = select_tasks(recipe, task_set)
+def count_for_recipe(recipe: Any, tokenizer: Any, task_set: TaskSet, tasks: Sequence[Task]) -> BudgetCount:
+    """:func:`count_within_budgets` for a training recipe's ``tasks`` (as ``seal train`` selects
+    them): its environment, interface preset and budgets."""
     preset = InterfaceConfig(**recipe.interface).preset
     return count_within_budgets(tasks, task_set, tokenizer, EnvConfig(**recipe.env), Budgets(**recipe.budgets), preset)

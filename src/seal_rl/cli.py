@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -393,7 +394,15 @@ def train_command(
     if out_dir is None or config is None:
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
-    summary = train(recipe, out_dir, resume=resume, recipe_path=config, force=force)
+    if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
+        from seal_rl.fit import check_before_training
+        from seal_rl.tasks import TaskSet
+        from seal_rl.train import select_tasks
+
+        tasks = select_tasks(recipe, TaskSet.load())[0]
+        check_before_training(recipe, processes=int(os.environ.get("WORLD_SIZE", "1")), num_tasks=len(tasks), force=force,
+                              say=lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True))  # fmt: skip
+    summary = train(recipe, out_dir, resume=resume, recipe_path=config)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
     if summary["validation"]:
         out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))
@@ -450,7 +459,11 @@ def _budget_count_line(recipe) -> str:
     except (OSError, ValueError):
         return f"ground truths within budgets: not counted (no tokenizer could be loaded from {path})"
     try:
-        return summary_line(count_for_recipe(recipe, tokenizer))
+        from seal_rl.tasks import TaskSet
+        from seal_rl.train import select_tasks
+
+        task_set = TaskSet.load()
+        return summary_line(count_for_recipe(recipe, tokenizer, task_set, select_tasks(recipe, task_set)[0]))
     except SealError as exc:  # e.g. a tokenizer without a chat template
         return f"ground truths within budgets: not counted ({exc})"
 

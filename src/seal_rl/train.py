@@ -51,7 +51,6 @@ from seal_rl.diagnose import PRIORITIES, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl import jsonl, recipes
 from seal_rl.errors import SealError, SealWarning
-from seal_rl.fit import check_before_training
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.generators import HFGenerator, VLLMGenerator, vllm_cpu
@@ -1036,17 +1035,16 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
 
 
 def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
-          recipe_path: Path | None = None, force: bool = False, machine: Any = None) -> dict[str, Any]:
+          recipe_path: Path | None = None) -> dict[str, Any]:
     """Run SEAL (or an ablation) as the recipe says; return a short summary.
 
     ``resume``: continue the run in ``out`` from its newest checkpoint (model, optimizer, RNG and
     SEAL state; log lines of rounds after that checkpoint are dropped first).
 
-    Before anything is written or loaded, the main process checks that the recipe fits this
-    machine's memory (:func:`seal_rl.fit.check_before_training`; ``machine``: a
-    :class:`seal_rl.fit.Machine` to check against instead of this one) and refuses with a
-    :class:`SealError` when it does not, unless ``force``. Once the model directory exists it prints
-    how many of the training tasks' ground truths fit the budgets (:mod:`seal_rl.budgets`).
+    ``seal train`` checks first that the recipe fits this machine's memory
+    (:func:`seal_rl.fit.check_before_training`, called by the CLI before this function). Once the
+    model directory exists this prints how many of the training tasks' ground truths fit the budgets
+    (:mod:`seal_rl.budgets`).
     """
     import torch
     from datasets import Dataset
@@ -1066,9 +1064,6 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     distributed = PartialState(cpu=not torch.cuda.is_available())
     layout = batch_layout(recipe, distributed.num_processes)
     is_main = distributed.is_main_process
-    if is_main:
-        check_before_training(recipe, processes=distributed.num_processes, num_tasks=len(tasks), force=force, machine=machine,
-                              say=_say)  # fmt: skip
     out = Path(out)
     with ExitStack() as held:
         if is_main:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from seal_rl.errors import SealError
-from seal_rl.generators import vllm_cpu
+import seal_rl.generators.vllm_cpu as vllm_cpu
 from seal_rl.generators.lockstep import Lockstep
 from seal_rl.rollout import Generation, Request, derived_seed
 from seal_rl.trajectory import ChatTokens
