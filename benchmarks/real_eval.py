@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from seal_rl.diagnose import diagnose
 from seal_rl.models import pulled_path
 from seal_rl.stats import wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
@@ -64,7 +65,7 @@ def summarise(run: Path, seconds: float) -> dict:
     labels: Counter[str] = Counter()
     wrote: Counter[str] = Counter()
     for row in rows:
-        labels.update(t["label"] for t in row["diagnosis"]["labels"] if t["label"] not in EXCLUDED)
+        labels.update(t.label for t in diagnose(row).labels if t.label not in EXCLUDED)  # today's rules, not those stored
         wrote.update(behaviour(m["content"] or "") for m in row["messages"] if m["role"] == "assistant")
     low, high = wilson(int(successes), len(rows))
     return {"episodes": len(rows), "successes": int(successes), "ci95": (low, high),

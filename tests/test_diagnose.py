@@ -296,3 +296,33 @@ def test_priority_presets_order_the_candidates(task_set):
     assert diagnose(record, "paper").labels[0].label == "state_mismatch"
     with pytest.raises(ValueError, match="Unknown diagnosis priority"):
         diagnose(record, "best")
+
+
+@pytest.mark.parametrize("episode_format", ["hermes", "json", "pythonic"])
+def test_a_call_in_the_wrong_syntax_is_an_invalid_tool_call_not_a_missing_one(task_set, episode_format):
+    """SEAL Table 5: invalid_tool_call is a call that cannot be parsed; missing_tool_call a skipped
+    call. A first turn written as the ground-truth calls in another format (whole, or in a code fence
+    after some prose, as Qwen2.5-Coder writes them under hermes) is plain text to the episode's
+    parser, and is labelled invalid_tool_call with the syntax it was written in; prose that names
+    a tool but makes no call stays missing_tool_call."""
+    task = task_set.get("multi_turn_base_0")
+    first = list(ground_truth_calls(task)[0])
+    for written in sorted(set(("hermes", "json", "pythonic")) - {episode_format}):
+        text = get_format(written).render(first)
+        for message in (text, f"I will do that now.\n```{written}\n{text}\n```\nDone."):
+            env = BfclEnv(EnvConfig(call_format=episode_format, prompt_mode="chat_template"))
+            env.reset(task)
+            env.step(message)
+            env.truncate("transcript_exhausted")
+            record = _record(env)
+            assert not any(entry["accepted"] for entry in record["trace"]), (written, message)
+            label = diagnose(record).labels[0]
+            assert label.label == "invalid_tool_call", (episode_format, written, label)
+            if label.evidence.get("kind") == "wrong_syntax":  # else the episode's parser rejected it itself
+                assert label.evidence["syntax"] == written and label.evidence["call"] == first[0].name
+    for prose in ("I would use cd and then mv (move) the file.", "```bash\ncd document && mv final_report.pdf temp\n```"):
+        env = BfclEnv(EnvConfig(call_format=episode_format, prompt_mode="chat_template"))
+        env.reset(task)
+        env.step(prose)
+        env.truncate("transcript_exhausted")
+        assert diagnose(_record(env)).labels[0].label == "missing_tool_call", prose

@@ -14,7 +14,8 @@ changes the reward. Scorer problems first, then turn type, then the first matchi
   ``correct_abstention``.
 * A turn that passes the official per-turn check: ``pass``.
 * A failed turn, first match wins: ``invalid_tool_call`` (a message of the turn was rejected:
-  unparseable, or an unavailable tool) → ``argument_mismatch`` (an accepted call broke its schema
+  unparseable, or an unavailable tool; or, with no accepted call, a message holds a call written
+  in another call syntax, :func:`wrong_syntax_call`) → ``argument_mismatch`` (an accepted call broke its schema
   or raised an argument error) → ``missing_tool_call`` (no accepted call) → ``recovery_failure``
   (a call returned an execution error) → ``instance_mismatch`` → ``state_mismatch`` →
   ``response_mismatch`` (as the checker reports).
@@ -30,6 +31,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from seal_rl.tools import FORMATS
 
 LABELS: tuple[str, ...] = (
     "gt_error", "checker_error", "not_reached", "spurious_tool_call", "correct_abstention", "pass",
@@ -94,6 +97,39 @@ def _excerpt(text: Any) -> str:
 
 def _assistant_texts(record: Mapping[str, Any]) -> list[str]:
     return [m["content"] for m in record.get("messages", ()) if m.get("role") == "assistant"]
+
+
+_FENCE = "```"
+_MAX_BLOCKS = 8  # fenced blocks looked at per message (model text is hostile: bounded work)
+
+
+def _call_shaped_parts(text: str) -> list[str]:
+    """The whole message, then the body of each Markdown code fence in it (language tag dropped)."""
+    pieces = text.split(_FENCE, 2 * _MAX_BLOCKS + 1)[1 : 2 * _MAX_BLOCKS : 2]  # odd pieces: inside a fence
+    bodies = [piece.split("\n", 1)[1] if "\n" in piece and re.fullmatch(r"[\w+-]*", piece.split("\n", 1)[0].strip()) else piece
+              for piece in pieces]  # fmt: skip
+    return [text, *bodies]
+
+
+def wrong_syntax_call(text: str, known_tools: frozenset[str]) -> dict[str, str] | None:
+    """A tool call written in a call syntax the episode's format rejected, or ``None``.
+
+    SEAL Table 5 defines ``invalid_tool_call`` as a call that cannot be parsed or executed and
+    ``missing_tool_call`` as a skipped call or an early answer. A model that writes
+    ```` ```json {"name": "move_file", "arguments": {...}} ``` ```` under the hermes format did try
+    to call: its message is plain text to the episode's parser (and to BFCL's), but it parses as a
+    call in another of seal-rl's formats (hermes, json, pythonic), whole or inside a code fence.
+    Counted: a ``<tool_call>`` block, a JSON object that names its arguments (``arguments`` or
+    ``parameters``), or any call whose name is one of ``known_tools`` (the turn's tools). Evidence: the syntax and the name.
+    """
+    for part in _call_shaped_parts(text):
+        for name, call_format in FORMATS.items():
+            parsed = call_format.parse(part)
+            for call in parsed.calls:
+                names_arguments = name == "json" and re.search(r'"(arguments|parameters)"\s*:', part) is not None
+                if name == "hermes" or names_arguments or call.name in known_tools:
+                    return {"syntax": name, "call": call.name}
+    return None
 
 
 def _steps_of_turn(record: Mapping[str, Any], turn: int) -> list[int]:
@@ -194,6 +230,15 @@ def failure_candidates(turn: int, entries: list[Mapping[str, Any]], check: Mappi
             evidence["never_called"] = never_called
         key = "missing_needed_tool" if accepted else "missing_tool_call"  # the same label, ranked apart
         candidates[key] = TurnLabel(turn, "missing_tool_call", evidence)
+    if not accepted and "invalid_tool_call" not in candidates:
+        known = frozenset(check.get("ground_truth_tools", ())) | frozenset(_tool_classes(check))
+        texts = _assistant_texts(record)
+        for step in _steps_of_turn(record, turn):
+            attempt = wrong_syntax_call(texts[step], known) if step < len(texts) and isinstance(texts[step], str) else None
+            if attempt is not None:
+                evidence = {"step": step, "kind": "wrong_syntax", **attempt, "message": _excerpt(texts[step])}
+                candidates["invalid_tool_call"] = TurnLabel(turn, "invalid_tool_call", evidence)
+                break
     errors = [e for e in accepted if e["error_kind"] == "execution" and not _raised_argument_error(e) and _blamed(e, entries, check)]
     if errors:
         first = errors[0]
