@@ -326,3 +326,17 @@ def test_a_call_in_the_wrong_syntax_is_an_invalid_tool_call_not_a_missing_one(ta
         env.step(prose)
         env.truncate("transcript_exhausted")
         assert diagnose(_record(env)).labels[0].label == "missing_tool_call", prose
+
+
+def test_an_unclosed_tool_call_block_under_the_bfcl_protocol_is_an_invalid_tool_call(task_set):
+    """Under the bfcl protocol a <tool_call> block that never closes (cut by the token budget, as
+    SmolLM2's are) is plain text to the episode, as to BFCL's decoder; it is still a call attempt."""
+    task = task_set.get("multi_turn_base_0")
+    env = BfclEnv(EnvConfig(protocol="bfcl"))
+    env.reset(task)
+    env.step('<tool_call>\n{"name": "cd", "arguments": {"folder": "docu')
+    env.truncate("transcript_exhausted")
+    record = _record(env)
+    assert record["trace"] == []
+    label = diagnose(record).labels[0]
+    assert label.label == "invalid_tool_call" and label.evidence["syntax"] == "hermes" and "</tool_call>" in label.evidence["error"]

@@ -119,9 +119,14 @@ def wrong_syntax_call(text: str, known_tools: frozenset[str]) -> dict[str, str] 
     ```` ```json {"name": "move_file", "arguments": {...}} ``` ```` under the hermes format did try
     to call: its message is plain text to the episode's parser (and to BFCL's), but it parses as a
     call in another of seal-rl's formats (hermes, json, pythonic), whole or inside a code fence.
-    Counted: a ``<tool_call>`` block, a JSON object that names its arguments (``arguments`` or
-    ``parameters``), or any call whose name is one of ``known_tools`` (the turn's tools). Evidence: the syntax and the name.
+    Counted: a ``<tool_call>`` block, even a malformed or unclosed one (under the bfcl protocol the
+    episode reads it as text, as BFCL's decoder does), a JSON object that names its arguments
+    (``arguments`` or ``parameters``), or any call whose name is one of ``known_tools`` (the turn's
+    tools). Evidence: the syntax and the name (``None`` for a malformed block, with its error).
     """
+    hermes = FORMATS["hermes"].parse(text)
+    if hermes.error:  # a <tool_call> tag is a call attempt even when it never closes (cut by the token budget)
+        return {"syntax": "hermes", "call": None, "error": hermes.error}
     for part in _call_shaped_parts(text):
         for name, call_format in FORMATS.items():
             parsed = call_format.parse(part)
