@@ -111,7 +111,7 @@ def _call_shaped_parts(text: str) -> list[str]:
     return [text, *bodies]
 
 
-def wrong_syntax_call(text: str, known_tools: frozenset[str]) -> dict[str, str] | None:
+def wrong_syntax_call(text: str, known_tools: frozenset[str]) -> dict[str, str | None] | None:
     """A tool call written in a call syntax the episode's format rejected, or ``None``.
 
     SEAL Table 5 defines ``invalid_tool_call`` as a call that cannot be parsed or executed and
