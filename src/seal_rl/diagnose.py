@@ -104,11 +104,10 @@ _MAX_BLOCKS = 8  # fenced blocks looked at per message (model text is hostile: b
 
 
 def _call_shaped_parts(text: str) -> list[str]:
-    """The whole message, then the body of each Markdown code fence in it (language tag dropped)."""
+    """The whole message, then each Markdown code fence in it on its own (the json and pythonic
+    parsers strip a fence that wraps the whole text, language tag included)."""
     pieces = text.split(_FENCE, 2 * _MAX_BLOCKS + 1)[1 : 2 * _MAX_BLOCKS : 2]  # odd pieces: inside a fence
-    bodies = [piece.split("\n", 1)[1] if "\n" in piece and re.fullmatch(r"[\w+-]*", piece.split("\n", 1)[0].strip()) else piece
-              for piece in pieces]  # fmt: skip
-    return [text, *bodies]
+    return [text, *(f"{_FENCE}{piece}{_FENCE}" for piece in pieces)]
 
 
 def wrong_syntax_call(text: str, known_tools: frozenset[str]) -> dict[str, str | None] | None:
