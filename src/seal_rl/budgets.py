@@ -92,11 +92,12 @@ class _BudgetedOracle:
         out: list[Generation | None] = []
         for request in requests:
             text = self.agents[request.episode].act(request.observation, request.info)
-            ids = None if text is None else self.chat.encode(text) + [self.eos_id]
-            if ids is not None and len(ids) > request.max_new_tokens:
-                self.cut[request.episode] = "max_new_tokens" if len(ids) > self.max_new_tokens else "completion_budget"
-                ids = None
-            out.append(None if ids is None else Generation(text, ids))
+            if text is not None:
+                text, ids = self.chat.as_generated(text, self.eos_id)
+                if len(ids) > request.max_new_tokens:
+                    self.cut[request.episode] = "max_new_tokens" if len(ids) > self.max_new_tokens else "completion_budget"
+                    text = None
+            out.append(None if text is None else Generation(text, ids))
         return out
 
 
@@ -115,7 +116,7 @@ def count_within_budgets(
     ``tokenizer``; return per-category counts of the ground truths within budgets (see the module
     docstring for what ends the others). Pure: nothing is written, no model is loaded."""
     began = time.perf_counter()
-    chat = ChatTokens(tokenizer)
+    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token")
     catalog = ToolCatalog()

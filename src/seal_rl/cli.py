@@ -165,6 +165,48 @@ def models_list(as_json: JsonOption = False) -> None:
     out.print(f"cache: {models.models_dir()} (set SEAL_CACHE_DIR to move it)", markup=False, highlight=False, soft_wrap=True)
 
 
+templates_app = typer.Typer(help="Chat templates: will a model's template work with seal-rl, and in which prompt modes?", no_args_is_help=True)
+app.add_typer(templates_app, name="templates")
+
+
+@templates_app.command("check")
+def templates_check(
+    model: Annotated[str, typer.Argument(help="A model directory, or a pulled model's name (its tokenizer is all that is read).")],
+    as_json: JsonOption = False,
+) -> None:
+    """Play the ground truth of four tasks through the sample builder in each prompt mode and call
+    format; say per mode whether training and evaluation work, and if not why and what to set.
+    Exit 0 when some mode works, 1 when none does, 2 on bad input."""
+    from transformers import AutoTokenizer
+
+    from seal_rl import templates
+    from seal_rl.models import resolve_model
+
+    path = Path(resolve_model(model)).expanduser()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as exc:
+        raise SealError(f"No tokenizer could be loaded from {model!r} ({exc}); give a model directory or a pulled model's name.") from None
+    with err.status(f"checking {model}'s chat template"):
+        report = templates.check(tokenizer)
+    if as_json:
+        _print_json(report)
+    else:
+        family = report["family"] or "none of TRL's templates"
+        verdict = "works" if report["works"] else "does not work"
+        out.print(f"{model}: template family {family}; {verdict} with seal-rl", markup=False, highlight=False, soft_wrap=True)
+        for m in report["modes"]:
+            if m["works"]:
+                template = "TRL's training variant of the template" if m["template"] == "trl_training" else "its own template"
+                tools = "; the tools reach the prompt" if m["tools_in_prompt"] else ""
+                line = f"works, with {template}; longest prompt {m['longest_prompt_tokens']:,} tokens{tools}"
+            else:
+                line = f"does not work: {m['reason']}"
+            out.print(f"  {m['mode']} / {m['call_format']}: {line}", markup=False, highlight=False, soft_wrap=True)
+    if not report["works"]:
+        raise typer.Exit(1)
+
+
 @models_app.command("path")
 def models_path(name: Annotated[str, typer.Argument(help="A pulled or imported model's name.")]) -> None:
     """Print the directory of a pulled model (for scripts: `$(seal models path NAME)`)."""

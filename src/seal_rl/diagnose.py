@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from seal_rl.reasoning import answer
 from seal_rl.tools import FORMATS
 
 LABELS: tuple[str, ...] = (
@@ -96,7 +97,8 @@ def _excerpt(text: Any) -> str:
 
 
 def _assistant_texts(record: Mapping[str, Any]) -> list[str]:
-    return [m["content"] for m in record.get("messages", ()) if m.get("role") == "assistant"]
+    """What the model answered in each of its messages (reasoning is not an answer: seal_rl.reasoning)."""
+    return [answer(m["content"]) for m in record.get("messages", ()) if m.get("role") == "assistant"]
 
 
 _FENCE = "```"

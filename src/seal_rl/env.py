@@ -18,6 +18,7 @@ from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
 from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate_result
 from seal_rl.protocol import Decoded, check_protocol, decode
+from seal_rl.reasoning import answer
 from seal_rl.tasks import Task
 from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format
 from seal_rl.verify import Verdict, verify
@@ -378,9 +379,11 @@ class BfclEnv:
 
     def _parse(self, text: str) -> ParsedMessage | Decoded:
         """The message's calls under the protocol (seal-rl's parser, or the official decoder for
-        ``bfcl``), or why it is refused whole: too long, unreadable, or too many calls."""
+        ``bfcl``), or why it is refused whole: too long, unreadable, or too many calls. Reasoning
+        (a ``<think>`` block) is not parsed (:mod:`seal_rl.reasoning`)."""
         if len(text) > self.config.max_message_chars:
             return ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
+        text = answer(text)
         parsed = decode(text, self.config.call_format) if self.config.protocol == "bfcl" else self.format.parse(text)
         if len(parsed.calls) > self.config.max_calls_per_message:
             return ParsedMessage(error=f"message with {len(parsed.calls)} tool calls exceeds the limit of "

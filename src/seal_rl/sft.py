@@ -162,7 +162,7 @@ class TranscriptGenerator:
         out: list[Generation | None] = []
         for request in requests:
             text = self.agents[request.episode].act(request.observation, request.info)
-            out.append(None if text is None else Generation(text, self.chat.encode(text) + [self.eos_id]))
+            out.append(None if text is None else Generation(*self.chat.as_generated(text, self.eos_id)))
         return out
 
 
@@ -184,7 +184,7 @@ def build_samples(
     """
     if not sources:
         raise SealError("No warm-start data: give at least one source (--data oracle, --data run:DIR, ...).")
-    chat = ChatTokens(tokenizer)
+    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode)
     eos = tokenizer.eos_token_id
     if eos is None:
         raise SealError("The tokenizer has no eos_token; SFT needs it to end assistant messages.")

@@ -468,7 +468,7 @@ class SealLoop:
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
-            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens(trainer.processing_class),
+            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
         generator.close()
@@ -510,7 +510,7 @@ class SealLoop:
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
                               catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
         generator = self._generator(trainer)
-        chat = ChatTokens(trainer.processing_class)
+        chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode)
         episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
         stats = DriverStats()
         with round_progress(round_index, len(episodes), shown=self.is_main) as advance:

@@ -9,18 +9,23 @@ messages, the next generation prompt). The loss mask is 1 on generated tokens on
 Observation tokens are computed as a text difference of two chat-template renderings (the
 conversation before and after the observation), so the decoded sample equals the chat template's
 rendering of the whole conversation. That requires a *prefix-stable* template (rendering more
-messages only appends text), which Qwen2.5's and Llama 3's are; templates that rewrite earlier turns
-(e.g. ones that strip reasoning from past turns) are refused with an explanation.
+messages only appends text), which Qwen2.5's and Llama 3's are. A template that rewrites earlier
+turns (Qwen3's strips past reasoning, gpt-oss's ends the last message differently) is replaced, for
+the episode, by TRL's prefix-preserving training variant of it when TRL ships one
+(``trl.chat_template_utils.get_training_chat_template``), and said so once; otherwise it is refused
+with an explanation (:func:`episode_template`), as is a template that rejects the conversation
+(strict role alternation, no system role).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from seal_rl.errors import SealError, SealWarning
+from seal_rl.reasoning import THINK_CLOSE, THINK_OPEN, split_reasoning
 
 Message = dict[str, Any]
 _MARK = "\u2063SEAL\u2063"  # an invisible marker no model writes, to find where a message's content ends
@@ -62,18 +67,50 @@ class Trajectory:
 class ChatTokens:
     """Renders conversations to token ids with a tokenizer's chat template, token-exactly."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, chat_template: str | None = None) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise SealError("The tokenizer has no chat template; training and model evaluation need one.")
         self.tokenizer = tokenizer
         self.tools = tools
+        self.chat_template = chat_template
+        """the template episodes are rendered with; None: the tokenizer's own"""
         self.eos_ids = _eos_ids(tokenizer)
         self._tools_checked = False
+        self._opener: str | None = None
+
+    @classmethod
+    def for_episodes(cls, tokenizer: Any, prompt_mode: str) -> ChatTokens:
+        """The renderer for episodes in ``prompt_mode``: the tokenizer's own template, or TRL's
+        training variant of it where the own one rewrites history (said once, as a warning);
+        a template no episode can be built with is refused here (:func:`episode_template`)."""
+        template, note = episode_template(tokenizer, prompt_mode)
+        if note:
+            warnings.warn(note, SealWarning, stacklevel=2)
+        return cls(tokenizer, chat_template=template)
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages), tools=self.tools or None, add_generation_prompt=generation_prompt, tokenize=False
-        )
+        return render_or_explain(self.tokenizer, list(messages), tools=self.tools or None,
+                                 generation_prompt=generation_prompt, chat_template=self.chat_template)  # fmt: skip
+
+    def as_generated(self, text: str, eos_id: int) -> tuple[str, list[int]]:
+        """``text`` written as a model message, for scripted transcripts: the message's text and
+        token ids. The ids are the text the template puts before a message's content (Qwen3's
+        training template an empty ``<think>`` block, gpt-oss its final channel's header; nothing
+        for most), the text, then the end-of-message token, so that a sample decodes to the
+        template's rendering; an empty reasoning block is part of the message's text too."""
+        if self._opener is None:
+            opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+            prompt = self.render(opening, generation_prompt=True)
+            # A message without reasoning, as the template writes it (Qwen3's training template: an empty
+            # <think> block; gpt-oss: the final channel's header); where the prompt opened the block, its close.
+            thinking = prompt_opener(prompt).rstrip().endswith(THINK_OPEN)
+            message = {"role": "assistant", "content": _MARK, **({"reasoning_content": ""} if thinking else {})}
+            ended = self.render([*opening, message], generation_prompt=False)
+            if ended.startswith(prompt) and _MARK in ended:
+                self._opener = ended[len(prompt) : ended.index(_MARK)]
+            else:
+                self._opener = f"\n{THINK_CLOSE}\n\n" if thinking else ""
+        return (self._opener + text if THINK_CLOSE in self._opener else text), self.encode(self._opener + text) + [eos_id]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -117,22 +154,27 @@ class ChatTokens:
 
         before: the conversation before the model's message; text: the message as decoded;
         generated: its token ids as generated; observation: what the environment answered.
+
+        The template renders the conversation with the message (an invisible marker after its
+        text) and the observation; what follows the marker is the continuation, in the form the
+        template gives a message that is *not* the last (gpt-oss ends a last message with
+        ``<|return|>``, an earlier one with ``<|end|>``). Everything before the message must render
+        as it did when the model was prompted: the template may not rewrite history.
         """
-        assistant = {"role": "assistant", "content": text}
-        # What the template writes after an assistant message's content (e.g. "<|im_end|>\n").
-        marked = self.render([*before, {"role": "assistant", "content": _MARK}], generation_prompt=False)
-        closing = marked[marked.rindex(_MARK) + len(_MARK):]
-        if generated and generated[-1] in self.eos_ids:
-            eos_text = self.tokenizer.decode([generated[-1]])
-            closing = closing[len(eos_text):] if closing.startswith(eos_text) else closing
-        conversation = self.render([*before, assistant], generation_prompt=False)
-        extended = self.render([*before, assistant, *observation], generation_prompt=True)
-        if not extended.startswith(conversation):
+        prompt = self.render(before, generation_prompt=True)
+        message = prompt_opener(prompt) + text + _MARK  # the model's message continues the prompt's reasoning block
+        extended = self.render([*before, {"role": "assistant", "content": message}, *observation], generation_prompt=True)
+        if _MARK not in extended or not extended.startswith(prompt):
             raise SealError(
                 "The chat template is not prefix-stable: rendering more messages changed earlier text, so "
-                "generated tokens cannot be kept exact. Use a template that only appends (Qwen2.5, Llama 3)."
+                "generated tokens cannot be kept exact, and TRL ships no training variant of it. Use a template "
+                "that only appends (Qwen2.5, Llama 3); `seal templates check MODEL` says which modes work."
             )
-        return self.encode(closing + extended[len(conversation):])
+        following = extended[extended.rindex(_MARK) + len(_MARK) :]
+        if generated and generated[-1] in self.eos_ids:  # the model wrote the end-of-message itself
+            eos_text = self.tokenizer.decode([generated[-1]])
+            following = following[len(eos_text) :] if following.startswith(eos_text) else following
+        return self.encode(following)
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
@@ -140,3 +182,142 @@ def _eos_ids(tokenizer: Any) -> set[int]:
     if tokenizer.pad_token_id is not None:
         ids.add(tokenizer.pad_token_id)
     return ids
+
+
+# -- which template an episode is rendered with ----------------------------------------------
+
+PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_x7", "description": "A probe.",
+              "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}, "required": []}}}  # fmt: skip
+
+
+def probe_conversation(prompt_mode: str, opener: str = "") -> list[Message]:
+    """A conversation shaped as seal-rl's episodes are in ``prompt_mode``: a system message, a
+    question, a message with reasoning and a call, its observation (``tool`` messages in
+    ``chat_template`` mode, a ``<tool_response>`` user message in ``bfcl_qwen_fc`` mode), an
+    answer, the next question, its answer.
+
+    ``opener``: the reasoning the template's generation prompt opens or closes
+    (:func:`prompt_opener`); the model messages continue it, as a model would."""
+    call = '<tool_call>\n{"name": "probe_tool_x7", "arguments": {}}\n</tool_call>'
+
+    def message(reasoning: str, text: str) -> str:
+        if not opener:
+            return f"<think>\n{reasoning}\n</think>\n\n{text}"
+        return opener + (f"{reasoning}\n</think>\n\n{text}" if opener.rstrip().endswith("<think>") else text)
+
+    observation = ({"role": "tool", "name": "probe_tool_x7", "content": "R1"} if prompt_mode == "chat_template"
+                   else {"role": "user", "content": "<tool_response>\nR1\n</tool_response>"})  # fmt: skip
+    return [{"role": "system", "content": "S"}, {"role": "user", "content": "Q1"},
+            {"role": "assistant", "content": message("T1", call)}, observation, {"role": "assistant", "content": message("T2", "A1")},
+            {"role": "user", "content": "Q2"}, {"role": "assistant", "content": message("T3", "A2")}]  # fmt: skip
+
+
+def prompt_opener(prompt: str) -> str:
+    """The reasoning block a generation prompt opens (``<think>\n``: DeepSeek-R1, Qwen3-Thinking-2507,
+    Nemotron 3) or opens and closes empty (Qwen3.5 without thinking), which belongs to the model's
+    message: what the model generates continues it. ``""`` for other prompts."""
+    stripped = prompt.rstrip()
+    if stripped.endswith(THINK_OPEN):
+        return prompt[stripped.rindex(THINK_OPEN) :]
+    if stripped.endswith(THINK_CLOSE) and stripped[: -len(THINK_CLOSE)].rstrip().endswith(THINK_OPEN):
+        return prompt[stripped[: -len(THINK_CLOSE)].rstrip().rindex(THINK_OPEN) :]
+    return ""
+
+
+def structured(messages: Sequence[Message], template: str) -> list[Message]:
+    """Messages as a reasoning template reads them: a model message's ``<think>`` block moved to
+    ``reasoning_content`` (which GLM-4's, Nemotron 3's and TRL's training templates render and
+    keep), only where the template reads that field; other templates get the text as written."""
+    if "reasoning_content" not in template:
+        return list(messages)
+    out = []
+    for message in messages:
+        if message["role"] == "assistant" and THINK_CLOSE in message.get("content", ""):
+            reasoning, answer = split_reasoning(message["content"])
+            message = {**message, "content": answer, "reasoning_content": reasoning}
+        out.append(message)
+    return out
+
+
+def render_or_explain(tokenizer: Any, messages: list[Message], *, tools: list[dict[str, Any]] | None,
+                      generation_prompt: bool, chat_template: str | None = None) -> str:  # fmt: skip
+    """``apply_chat_template`` to text; a template that raises on the conversation (Gemma's strict
+    role alternation and missing system role, gpt-oss's tool message after a plain-text call) gives
+    a :class:`SealError` that says what it rejected and what to change, not a Jinja traceback."""
+    from jinja2.exceptions import TemplateError
+
+    template = chat_template or tokenizer.chat_template
+    if isinstance(template, str):
+        messages = structured(messages, template)
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+                                             tokenize=False, chat_template=chat_template)  # fmt: skip
+    except TemplateError as error:
+        tool_role = any(m["role"] == "tool" for m in messages)
+        fix = ("in prompt_mode chat_template tool results are `tool` messages after a plain-text assistant message, "
+               "which this template does not accept; use `prompt_mode: bfcl_qwen_fc` (recipes: env.prompt_mode, "
+               "seal eval: --prompt-mode bfcl_qwen_fc)" if tool_role else
+               "seal-rl's episodes open with a system message and can put two user messages in a row (a question "
+               "after a tool response); this template accepts neither, so no prompt mode works with it")  # fmt: skip
+        raise SealError(f"The chat template rejects seal-rl's conversation ({error}): {fix}. "
+                        "`seal templates check MODEL` reports every mode.") from None  # fmt: skip
+
+
+def prefix_stable(render: Callable[[list[Message], bool], str], messages: Sequence[Message]) -> bool:
+    """Whether every model message of ``messages`` can be continued token-exactly: rendered with
+    its observation, the conversation still starts with the prompt the model was given (what
+    :meth:`ChatTokens.continuation` needs)."""
+    messages = list(messages)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant" or i + 1 == len(messages):
+            continue
+        following = next((j for j in range(i + 1, len(messages)) if messages[j]["role"] == "assistant"), len(messages))
+        marked = [*messages[:i], {**message, "content": message["content"] + _MARK}, *messages[i + 1 : following]]
+        extended = render(marked, True)
+        if _MARK not in extended or not extended.startswith(render(messages[:i], True)):
+            return False
+    return True
+
+
+def episode_template(tokenizer: Any, prompt_mode: str) -> tuple[str | None, str | None]:
+    """The template to render ``prompt_mode`` episodes with, and a note when it is not the
+    tokenizer's own: ``(None, None)`` for a prefix-stable own template; ``(TRL's training
+    variant, note)`` when the own one rewrites history and TRL ships a variant that does not.
+    Raises :class:`SealError` (what is wrong, what to set) when neither works or the template
+    rejects the conversation."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise SealError("The tokenizer has no chat template; training and model evaluation need one.")
+    tools = [PROBE_TOOL] if prompt_mode == "chat_template" else None
+
+    def with_template(template: str | None) -> Callable[[list[Message], bool], str]:
+        return lambda m, gen: render_or_explain(tokenizer, m, tools=tools, generation_prompt=gen, chat_template=template)
+
+    def works(template: str | None) -> bool:
+        render = with_template(template)
+        opening = probe_conversation(prompt_mode)[:2]
+        return prefix_stable(render, probe_conversation(prompt_mode, prompt_opener(render(opening, True))))
+
+    if prompt_mode == "chat_template" and PROBE_TOOL["function"]["name"] not in with_template(None)(probe_conversation(prompt_mode)[:2], True):
+        raise SealError(
+            "This model's chat template ignores `tools`: in prompt_mode chat_template the model would never see a "
+            "tool. Use `prompt_mode: bfcl_qwen_fc` (recipes: env.prompt_mode; seal eval: --prompt-mode bfcl_qwen_fc), "
+            "which writes the tools into the system prompt itself."
+        )
+    if works(None):
+        return None, None
+    from trl.chat_template_utils import get_training_chat_template
+
+    try:
+        training = get_training_chat_template(tokenizer)
+    except ValueError:
+        training = None
+    if training is not None and works(training):
+        return training, ("This model's chat template rewrites earlier turns (e.g. drops past reasoning), so episodes "
+                          "are rendered with TRL's prefix-preserving training variant of it "
+                          "(trl.chat_template_utils.get_training_chat_template): the model sees its history as "
+                          "it wrote it.")  # fmt: skip
+    raise SealError(
+        "The chat template is not prefix-stable: rendering more messages changed earlier text, so generated tokens "
+        "cannot be kept exact, and TRL ships no prefix-preserving variant of it. Use a template that only appends "
+        "(Qwen2.5, Llama 3); `seal templates check MODEL` says which modes work."
+    )

@@ -1,0 +1,154 @@
+"""Will this model work with seal-rl? Chat-template families and ``seal templates check``.
+
+A model works in a prompt mode when the ground truth of a few tasks, played through the real
+sample builder (:class:`~seal_rl.trajectory.ChatTokens` and the episode driver, as the warm start
+plays transcripts), completes every episode with reward 1, and every sample decodes to the chat
+template's own rendering of its conversation (the template that :func:`episode_template` picks:
+the model's own, or TRL's prefix-preserving training variant where the own one rewrites history).
+Otherwise the mode is refused with the reason and the setting that fixes it.
+
+The family is the TRL 1.16 template (``trl/chat_templates/*.jinja``, read from the installed
+package) that the tokenizer's template equals, when it equals one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.errors import SealError
+from seal_rl.interface import Interface, InterfaceState
+from seal_rl.policies import OraclePolicy, ScriptedAgent
+from seal_rl.rollout import Budgets, run_episodes
+from seal_rl.tasks import Task, TaskSet
+from seal_rl.tools import ToolCatalog
+from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, render_or_explain
+
+# The combinations a check plays: BFCL's own prompt (hermes calls in the system prompt's words)
+# and the model's template with seal-rl's three call formats.
+MODES = (("bfcl_qwen_fc", "hermes"), ("chat_template", "hermes"), ("chat_template", "json"), ("chat_template", "pythonic"))
+CHECK_TASKS = ("multi_turn_base_0", "multi_turn_miss_func_3", "multi_turn_long_context_5", "multi_turn_miss_param_7")
+VISION_TEMPLATES = ("idefics3", "llava_next", "qwen2_5_vl", "qwen3_vl", "smolvlm", "lfm2_2_5_vl")
+
+
+def trl_templates() -> dict[str, str]:
+    """TRL's text chat templates, ``{name: source}``, read from the installed package (training
+    variants and vision-language templates left out)."""
+    import trl
+
+    folder = Path(trl.__file__).parent / "chat_templates"
+    return {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.jinja"))
+            if not p.stem.endswith("_training") and p.stem not in VISION_TEMPLATES}  # fmt: skip
+
+
+def family(tokenizer: Any) -> str | None:
+    """The TRL template the tokenizer's chat template is, or ``None``."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return next((name for name, source in trl_templates().items() if source == template), None)
+
+
+@dataclass
+class ModeReport:
+    """One prompt mode and call format, as ``seal templates check`` reports it."""
+
+    mode: str
+    call_format: str
+    works: bool
+    template: str | None
+    """``own`` (the model's template) or ``trl_training`` (TRL's prefix-preserving variant)"""
+    reason: str | None
+    """why it does not work, and what to set instead"""
+    episodes: int = 0
+    success: float | None = None
+    longest_prompt_tokens: int | None = None
+    """the longest opening prompt of the checked tasks, in this tokenizer's tokens"""
+    tools_in_prompt: bool | None = None
+
+
+def _specials(tokenizer: Any) -> list[str]:
+    return sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
+
+
+def _equal_to_rendering(decoded: str, rendered: str, specials: list[str]) -> bool:
+    """The sample is the rendering, up to how a last message ends (an end-of-message token the
+    template writes only after the last message, or writes differently there, and whitespace)."""
+    if not rendered.startswith(_strip_end(decoded, specials)):
+        return False
+    rest = rendered[len(_strip_end(decoded, specials)) :]
+    for special in specials:
+        rest = rest.replace(special, "")
+    return rest.strip() == ""
+
+
+def _strip_end(text: str, specials: list[str]) -> str:
+    text = text.rstrip()
+    for special in specials:
+        if special and text.endswith(special):
+            return text[: -len(special)].rstrip()
+    return text
+
+
+def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], task_set: TaskSet) -> ModeReport:
+    """Play ``tasks``' ground truth in one mode through the sample builder (see the module docstring)."""
+    try:
+        template, _ = episode_template(tokenizer, mode)
+    except SealError as error:
+        return ModeReport(mode, call_format, False, None, str(error))
+    chat = ChatTokens(tokenizer, chat_template=template)
+    config = EnvConfig(prompt_mode=mode, call_format=call_format)
+    catalog = ToolCatalog()
+    interface = Interface(mode, InterfaceState.initial("vanilla"), call_format=call_format, catalog=catalog)
+    episodes = OraclePolicy().episodes(tasks, task_set, call_format)
+    agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return ModeReport(mode, call_format, False, None, "The tokenizer has no eos_token; a model message could not end.")
+    from seal_rl.sft import TranscriptGenerator
+
+    try:
+        rollouts = run_episodes([(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat, eos),
+                                lambda: BfclEnv(config, interface, catalog=catalog), chat=chat,
+                                budgets=Budgets(10**9, 10**9, 10**6), concurrency=1)  # fmt: skip
+    except SealError as error:
+        return ModeReport(mode, call_format, False, None, str(error))
+    specials = _specials(tokenizer)
+    longest, tools_shown, unequal = 0, True, []
+    for episode, rollout in zip(episodes, rollouts):
+        _, info = BfclEnv(config, interface, catalog=catalog).reset(episode.task)
+        tools = info["tools"] if mode == "chat_template" else None
+        longest = max(longest, len(rollout.trajectory.prompt_ids))
+        if tools:
+            prompt = tokenizer.decode(rollout.trajectory.prompt_ids, skip_special_tokens=False)
+            tools_shown &= all(t["function"]["name"] in prompt for t in tools)
+        messages = rollout.record["messages"]
+        opener = prompt_opener(render_or_explain(tokenizer, messages[:2], tools=tools, generation_prompt=True, chat_template=template))
+        messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant" else m for m in messages]
+        rendered = render_or_explain(tokenizer, messages, tools=tools, generation_prompt=False, chat_template=template)
+        decoded = tokenizer.decode(rollout.trajectory.ids, skip_special_tokens=False)
+        if not _equal_to_rendering(decoded, rendered, specials):
+            unequal.append(episode.task.id)
+    success = sum(r.record["reward"] for r in rollouts) / max(1, len(rollouts))
+    reasons = []
+    if success < 1:
+        failed = [e.task.id for e, r in zip(episodes, rollouts) if r.record["reward"] != 1]
+        reasons.append(f"the ground truth did not succeed on {', '.join(failed)}")
+    if unequal:
+        reasons.append(f"samples differ from the template's rendering on {', '.join(unequal)}")
+    if not tools_shown:
+        reasons.append("the tools do not reach the prompt; use prompt_mode: bfcl_qwen_fc")
+    return ModeReport(mode, call_format, not reasons, "trl_training" if template else "own", "; ".join(reasons) or None,
+                      len(rollouts), success, longest, tools_shown if mode == "chat_template" else None)  # fmt: skip
+
+
+def check(tokenizer: Any, task_set: TaskSet | None = None, task_ids: tuple[str, ...] = CHECK_TASKS) -> dict[str, Any]:
+    """``seal templates check``'s answer: ``{"works", "family", "modes": [ModeReport, ...]}``."""
+    task_set = task_set or TaskSet.load()
+    tasks = [task_set.get(t) for t in task_ids]
+    modes = [check_mode(tokenizer, mode, call_format, tasks, task_set) for mode, call_format in MODES]
+    return {"works": any(m.works for m in modes), "family": family(tokenizer), "tasks": list(task_ids),
+            "modes": [asdict(m) for m in modes]}  # fmt: skip
+
