@@ -64,3 +64,11 @@ def test_the_layers_are_the_documented_ones():
         line = next((line for line in doc.splitlines() if line.startswith(f"| {layer} |")), None)
         assert line is not None, f"docs/architecture.md has no row for layer {layer!r}"
         assert [n.strip("`/ ") for n in line.split("|")[2].split(",")] == names, line
+
+
+def test_no_module_is_longer_than_600_lines():
+    """A longer module holds more than one concept: split it by concept (issue 23)."""
+    from .test_layout import ROOT
+
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}, long
