@@ -101,7 +101,7 @@ def _stop(*args, **kwargs):
 
 def test_seal_train_refuses_in_one_line_before_writing_or_loading_anything(monkeypatch, capsys, tmp_path, smollm2):
     monkeypatch.setattr(fit, "this_machine", lambda processes, environ=None: Machine.cpu(24.0, processes))
-    monkeypatch.setattr("seal_rl.train._prepare_model", _stop)
+    monkeypatch.setattr("seal_rl.train.run._prepare_model", _stop)
     code, out, err = run_cli(monkeypatch, capsys, "train", "--config", SMOKE, "--set", f"model.path={smollm2}", "--out", str(tmp_path / "run"))
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1, err
@@ -111,7 +111,7 @@ def test_seal_train_refuses_in_one_line_before_writing_or_loading_anything(monke
 
 def test_seal_train_force_and_a_fitting_recipe_go_on_to_the_model(monkeypatch, capsys, tmp_path, smollm2):
     monkeypatch.setattr(fit, "this_machine", lambda processes, environ=None: Machine.cpu(24.0, processes))
-    monkeypatch.setattr("seal_rl.train._prepare_model", _stop)
+    monkeypatch.setattr("seal_rl.train.run._prepare_model", _stop)
     base = ["train", "--config", SMOKE, "--set", f"model.path={smollm2}"]
     code, _, err = run_cli(monkeypatch, capsys, *base, "--force", "--out", str(tmp_path / "forced"))
     assert code == 2 and "Starting anyway (--force)" in err and "stopped here by the test" in err
@@ -123,7 +123,7 @@ def test_seal_train_force_and_a_fitting_recipe_go_on_to_the_model(monkeypatch, c
 def test_seal_train_prints_the_fit_and_the_budget_count_at_start(monkeypatch, capsys, tmp_path):
     """The smoke recipe on its tiny model: the check passes, the model is built, and the count says
     that no ground truth fits its 24-token messages and 192-token completions (it is not meant to learn)."""
-    monkeypatch.setattr("seal_rl.train.make_trainer_class", _stop)
+    monkeypatch.setattr("seal_rl.train.run.make_trainer_class", _stop)
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", SMOKE, "--out", str(tmp_path / "run"))
     assert code == 2 and "stopped here" in err
     fits = err.index("memory (seal plan's estimate)")
@@ -134,7 +134,7 @@ def test_seal_train_prints_the_fit_and_the_budget_count_at_start(monkeypatch, ca
 def test_the_real_smollm2_by_name_is_refused_without_checkpointing(monkeypatch, capsys, tmp_path, smollm2_dir):
     """The issue's command with the pulled model's name (not a directory): refused before any rollout."""
     monkeypatch.setattr(fit, "this_machine", lambda processes, environ=None: Machine.cpu(24.0, processes))
-    monkeypatch.setattr("seal_rl.train._prepare_model", _stop)
+    monkeypatch.setattr("seal_rl.train.run._prepare_model", _stop)
     code, out, err = run_cli(monkeypatch, capsys, "train", "--config", SMOKE, "--set", "model.path=smollm2-135m-instruct",
                              "--set", "grpo.max_steps=1", "--out", str(tmp_path / "run"))  # fmt: skip
     assert code == 2 and "does not fit on this machine" in err and "stopped here" not in err

@@ -13,8 +13,7 @@ from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.evaluate import ModelSettings, evaluate
 from seal_rl.faults import oracle_transcript
-from seal_rl.policies import Episode, ServerPolicy, parse_policy
-from seal_rl.generators.openai_compatible import parse_server_spec
+from seal_rl.policies import Episode, ServerPolicy, parse_policy, parse_server_spec
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls
 

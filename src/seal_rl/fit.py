@@ -33,7 +33,7 @@ from seal_rl.models import resolve_model
 from seal_rl.plan import GiB, Assumptions, ModelShape, Plan, estimate, launch_strategy, model_shape, render, shape_from_config
 
 if TYPE_CHECKING:
-    from seal_rl.train import SealRecipe
+    from seal_rl.train.recipe import SealRecipe
 
 CPU_OVERHEAD_GIB = 2.0
 """host RAM each training process needs beyond the estimate: what it still imports after the check

@@ -333,13 +333,19 @@ def with_samples(episodes: Sequence[Episode], samples: int) -> list[Episode]:
     return out
 
 
+def parse_server_spec(spec: str) -> tuple[str, str]:
+    """``MODEL@URL`` (the part after ``openai:``) as (model, base URL)."""
+    model, sep, url = spec.rpartition("@")
+    if not sep or not model or not url:
+        raise SealError(f"openai: needs MODEL@URL, e.g. openai:Qwen2.5-7B-Instruct@http://localhost:8000/v1; got {spec!r}.")
+    return model, url.rstrip("/")
+
+
 def parse_policy(spec: str) -> Policy:
     """A policy from its command-line spec (``oracle``, ``oracle:faults=0.3,seed=1``,
     ``replay:FILE``, ``hf:MODEL_DIR``)."""
     kind, _, rest = spec.partition(":")
     if kind == "openai":
-        from seal_rl.generators.openai_compatible import parse_server_spec
-
         return ServerPolicy(*parse_server_spec(rest))
     if kind == "vllm":
         path = Path(resolve_model(rest)).expanduser() if rest else Path()

@@ -10,12 +10,12 @@
 """
 
 from seal_rl.generators.hf import HFGenerator
-from seal_rl.generators.openai_compatible import OpenAIGenerator, ServerSettings, parse_server_spec
+from seal_rl.generators.openai_compatible import OpenAIGenerator, ServerSettings
 from seal_rl.generators.scripted import ScriptedGenerator
 from seal_rl.generators.simulated import SimulatedGenerator, SimulatedServer
 from seal_rl.generators.vllm_engines import VLLMEngineGenerator, VLLMGenerator
 
 __all__ = [
     "HFGenerator", "OpenAIGenerator", "ScriptedGenerator", "ServerSettings", "SimulatedGenerator",
-    "SimulatedServer", "VLLMEngineGenerator", "VLLMGenerator", "parse_server_spec",
+    "SimulatedServer", "VLLMEngineGenerator", "VLLMGenerator",
 ]

@@ -67,14 +67,6 @@ class ServerSettings:
             raise SealError("Need max_retries >= 0, timeout > 0 and concurrency >= 1.")
 
 
-def parse_server_spec(spec: str) -> tuple[str, str]:
-    """``MODEL@URL`` (the part after ``openai:``) as (model, base URL)."""
-    model, sep, url = spec.rpartition("@")
-    if not sep or not model or not url:
-        raise SealError(f"openai: needs MODEL@URL, e.g. openai:Qwen2.5-7B-Instruct@http://localhost:8000/v1; got {spec!r}.")
-    return model, url.rstrip("/")
-
-
 class OpenAIGenerator:
     """Chat completions over HTTP: a :class:`~seal_rl.rollout.StreamingGenerator`.
 

@@ -1,0 +1,142 @@
+"""``seal train``, ``seal plan`` and ``seal sft``: train from a recipe, estimate whether it fits,
+and run its supervised warm start alone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from seal_rl.cli.console import err, out
+from seal_rl.errors import SealError
+
+def train_command(
+    config: Annotated[Path | None, typer.Option("--config", help="A YAML recipe: a file or a shipped recipe's name (see --list-configs).")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (dotted, repeatable).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (checkpoints, metrics, trajectories, model).")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory from its newest checkpoint.")] = None,
+    extra: Annotated[list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="More recipe overrides, like --set.")] = None,
+    list_configs: Annotated[bool, typer.Option("--list-configs", help="List the shipped recipes and exit.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Start even when seal plan's memory estimate says the recipe does not fit this machine (CPU: its available RAM; GPU: each device's memory); without it such a run is refused before anything loads.")] = False,
+) -> None:
+    """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many.
+
+    Before loading the model it checks the recipe against this machine's memory with seal plan's
+    estimate and refuses a run that cannot fit (naming the setting that would make it fit; --force
+    starts anyway); then it prints how many training ground truths fit the recipe's token budgets.
+    """
+    from seal_rl import recipes
+    from seal_rl.train import load_recipe, train
+
+    if list_configs:
+        table = Table("recipe", "what it is", box=None)
+        for name in recipes.names():
+            table.add_row(name, recipes.describe(name))
+        out.print(table)
+        return
+    if resume is not None:
+        if not (resume / "config.yaml").exists():
+            what = "does not exist" if not resume.exists() else "holds no config.yaml (not a `seal train` run)"
+            raise SealError(f"Cannot resume {resume}: the directory {what}.")
+        out_dir = out_dir or resume
+        config = config or resume / "config.yaml"
+    if out_dir is None or config is None:
+        raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
+    recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
+    if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
+        from seal_rl.fit import check_before_training
+        from seal_rl.tasks import TaskSet
+        from seal_rl.train import select_tasks
+
+        tasks = select_tasks(recipe, TaskSet.load())[0]
+        check_before_training(recipe, processes=int(os.environ.get("WORLD_SIZE", "1")), num_tasks=len(tasks), force=force,
+                              say=lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True))  # fmt: skip
+    summary = train(recipe, out_dir, resume=resume, recipe_path=config)
+    out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
+    if summary["validation"]:
+        out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))
+
+
+def plan_command(
+    config: Annotated[Path, typer.Option("--config", help="A YAML recipe: a file or a shipped recipe's name (seal train --list-configs).")],
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs (training processes).")],
+    gpu_memory: Annotated[float, typer.Option("--gpu-memory", help="Memory per GPU in GiB (an '80 GB' H100 or A100: 80).")],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (model.path=preset:NAME needs no weights).")] = None,
+    strategy: Annotated[str, typer.Option(help="zero3 | zero2 | zero1 | fsdp | ddp.")] = "zero3",
+    peak_tflops: Annotated[float, typer.Option(help="Dense bf16 TFLOP/s per GPU (H100 SXM 989, A100 312).")] = 989.0,
+    mfu: Annotated[float, typer.Option(help="Model FLOPs utilisation of training.")] = 0.35,
+    hbm_tb_s: Annotated[float, typer.Option("--hbm-tb-s", help="Memory bandwidth per GPU, TB/s (H100 SXM 3.35, A100 2.0).")] = 3.35,
+    decode_efficiency: Annotated[float, typer.Option(help="Share of the bandwidth roofline decoding reaches.")] = 0.5,
+    gen_tokens_per_s: Annotated[float | None, typer.Option(help="Generated tokens/s per GPU (default: from the decode roofline).")] = None,
+    overhead_gib: Annotated[float, typer.Option("--overhead-gib", help="CUDA context, NCCL and fragmentation per GPU, GiB.")] = 3.0,
+    vllm_overhead_gib: Annotated[float, typer.Option("--vllm-overhead-gib", help="vLLM's non-KV memory besides weights, GiB.")] = 1.5,
+) -> None:
+    """Estimate per-GPU memory, vLLM KV cache and time per round of a recipe; exit 1 if it does not fit.
+
+    With a model directory it also counts how many training ground truths fit the recipe's token
+    budgets, with that model's tokenizer.
+    """
+    from seal_rl.plan import Assumptions, estimate, render
+    from seal_rl.train import load_recipe
+
+    recipe = load_recipe(config, overrides or [])
+    assumptions = Assumptions(peak_tflops=peak_tflops, mfu=mfu, hbm_tb_per_s=hbm_tb_s, decode_efficiency=decode_efficiency,
+                              gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib)  # fmt: skip
+    plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy, assumptions=assumptions)
+    out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
+    # The verdict is the report's last line, printed once; the exit code tells scripts.
+    out.print(render(plan, budgets=_budget_count_line(recipe)), markup=False, highlight=False, soft_wrap=True)
+    if not plan.fits:
+        raise typer.Exit(1)
+
+
+def _budget_count_line(recipe) -> str:
+    """``seal plan``'s line on the ground truths within the budgets, counted with the model
+    directory's tokenizer; for a preset (no tokenizer) it says why nothing was counted."""
+    from seal_rl.budgets import count_for_recipe, summary_line
+    from seal_rl.models import resolve_model
+    from seal_rl.plan import PRESET_PREFIX
+
+    path = recipe.model.path
+    if path.startswith(PRESET_PREFIX):
+        return "ground truths within budgets: not counted (a preset has no tokenizer; give model.path=MODEL_DIR to count)"
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(resolve_model(path)).expanduser()))
+    except (OSError, ValueError):
+        return f"ground truths within budgets: not counted (no tokenizer could be loaded from {path})"
+    try:
+        from seal_rl.tasks import TaskSet
+        from seal_rl.train import select_tasks
+
+        task_set = TaskSet.load()
+        return summary_line(count_for_recipe(recipe, tokenizer, task_set, select_tasks(recipe, task_set)[0]))
+    except SealError as exc:  # e.g. a tokenizer without a chat template
+        return f"ground truths within budgets: not counted ({exc})"
+
+
+def sft_command(
+    config: Annotated[Path, typer.Option("--config", help="A YAML recipe (model, env, budgets, warm_start.sft settings).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output directory; the model goes to OUT/model.")],
+    data: Annotated[list[str] | None, typer.Option("--data", help="Transcript source: oracle | oracle:faults=P,seed=S[,kinds=A+B][,turn=N] | replay:FILE | run:EVAL_DIR (repeatable; default: the recipe's warm_start.data).")] = None,
+    only_successful: Annotated[bool, typer.Option("--only-successful", help="Keep only episodes whose replayed reward is 1 (rejection-sampling fine-tuning).")] = False,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (dotted, repeatable).")] = None,
+) -> None:
+    """Supervised warm start on multi-turn transcripts, token-exact with RL rollouts (TRL SFTTrainer)."""
+    from seal_rl.sft import SFTSource
+    from seal_rl.train import load_recipe, sft
+
+    recipe = load_recipe(config, overrides or [])
+    sources = [SFTSource(source=spec, successful_only=only_successful) for spec in data or []]
+    if not sources and not recipe.warm_start.data:
+        raise SealError("No transcripts to learn from: give --data SOURCE (e.g. --data oracle) or set warm_start.data in the recipe.")
+    if only_successful and not sources:
+        for source in recipe.warm_start.data:
+            source.successful_only = True
+    summary = sft(recipe, out_dir, sources)
+    out.print(f"SFT on {summary['samples']} samples ({summary['assistant_tokens']} assistant tokens), {summary['steps']} steps, "
+              f"loss {summary['first_loss']} -> {summary['last_loss']}; model: {summary['model']}")

@@ -1,0 +1,48 @@
+"""``seal plan``: will a training recipe fit on N GPUs, and how long will a round take? (estimates)
+
+Everything here is arithmetic on a model's config numbers and the recipe; nothing is loaded or
+measured. Memory is per GPU, in bytes, itemised; docs/planning.md gives every formula, its source
+and how the estimates compare with published figures. In short:
+
+* model states (weights, gradients, Adam) follow the ZeRO paper (Rajbhandari et al. 2020, Fig. 1):
+  mixed-precision Adam keeps 2Ψ + 2Ψ + KΨ bytes with K = 12, and ZeRO stage 1 / 2 / 3 shard the
+  optimizer / + gradients / + weights over N GPUs (FSDP full sharding = stage 3);
+* activations of one micro-batch at the longest sequence are counted tensor by tensor for the
+  Llama/Qwen2 decoder layer as transformers runs it with flash/SDPA attention (the method of
+  Korthikanti et al. 2022, §4; checked against a real model in tests/test_plan.py), with or without
+  full activation checkpointing;
+* the log-probabilities come from TRL 1.16's fused, tiled LM head, which never materialises the
+  ``(tokens, vocab)`` logits: what it holds is counted instead;
+* the colocated vLLM engine takes ``vllm_gpu_memory_utilization`` of the GPU; its KV cache holds
+  2 · layers · kv_heads · head_dim · dtype bytes per token (vLLM's arithmetic);
+* time per round is FLOPs at an assumed MFU plus generated tokens at a decode roofline.
+
+``device="cpu"`` plans a run on the host instead (what ``seal train`` checks on a machine without
+CUDA, :mod:`seal_rl.fit`): the same terms in host RAM, with the precision torch actually trains in on
+CPU (no DeepSpeed mixed-precision master copy).
+
+Three concepts: the model's shape (``shapes``: presets and ``config.json``); the memory and time
+model (``memory``: each memory term in bytes; ``estimate``: the :class:`Plan` of a recipe, with its
+run length and time per round); and the rendering of the answer (``render``).
+"""
+
+from seal_rl.plan.estimate import (
+    Assumptions, MemoryLine, Plan, decode_tokens_per_s, estimate, forward_flops_per_token, forward_passes, launch_strategy,
+    run_length,
+)  # fmt: skip
+from seal_rl.plan.memory import (
+    DEVICES, DTYPE_BYTES, STRATEGIES, TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, VLLM_DTYPE_BYTES, GiB, ModelStates, Precision, VLLMPlan,
+    backbone_activation_bytes, gathered_parameter_bytes, kv_cache_bytes_per_token, layer_activation_bytes_per_token,
+    lm_head_bytes, materialised_logits_bytes, model_states, precision,
+)  # fmt: skip
+from seal_rl.plan.render import render
+from seal_rl.plan.shapes import PRESET_PREFIX, PRESETS, SUPPORTED_MODEL_TYPES, ModelShape, model_shape, shape_from_config
+
+__all__ = [
+    "DEVICES", "DTYPE_BYTES", "PRESETS", "PRESET_PREFIX", "STRATEGIES", "SUPPORTED_MODEL_TYPES", "TRL_TOKEN_CHUNK",
+    "TRL_VOCAB_CHUNK", "VLLM_DTYPE_BYTES", "Assumptions", "GiB", "MemoryLine", "ModelShape", "ModelStates", "Plan",
+    "Precision", "VLLMPlan", "backbone_activation_bytes", "decode_tokens_per_s", "estimate", "forward_flops_per_token",
+    "forward_passes", "gathered_parameter_bytes", "kv_cache_bytes_per_token", "launch_strategy",
+    "layer_activation_bytes_per_token", "lm_head_bytes", "materialised_logits_bytes", "model_shape", "model_states",
+    "precision", "render", "run_length", "shape_from_config",
+]  # fmt: skip

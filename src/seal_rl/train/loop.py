@@ -1,0 +1,416 @@
+"""The closed loop (SEAL Algorithm 1): one round's rollouts, diagnosis, profile, A-Patch weights
+and interface evolution, and the round's metrics and summary line.
+
+:class:`SealLoop` is TRL's ``rollout_func``: TRL hands it one generation batch of prompts (task
+ids) and trains on what it returns. It carries the SEAL state (:class:`SealState`: round, C_t,
+Ω_t, ρ(z)) from one round to the next, writes the round's logs into the run directory once TRL
+has computed the advantages (:meth:`SealLoop.after_advantages`), and validates the model greedily
+and strictly with the interface removed (:meth:`SealLoop.validate`).
+
+Not here: the trainer subclass that calls it (:mod:`seal_rl.train.trainer`), or the run that
+builds both (:mod:`seal_rl.train.run`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from seal_rl import jsonl
+from seal_rl.apatch import ApatchConfig, budgeted, trajectory_weight, update_label_weights
+from seal_rl.diagnose import add_diagnosis
+from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.errors import SealError
+from seal_rl.generators import HFGenerator, VLLMGenerator
+from seal_rl.generators.lockstep import trainer_lockstep
+from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
+from seal_rl.profile import CapabilityProfile, EpisodeLabels
+from seal_rl.rollout import Budgets, DriverStats, derived_seed, run_episodes
+from seal_rl.tasks import Task, TaskSet
+from seal_rl.tools import ToolCatalog
+from seal_rl.train.recipe import SealRecipe
+from seal_rl.train.run_dir import METRICS_FILE, _best_validation
+from seal_rl.train.trainer import save_model, trl_sample
+from seal_rl.trajectory import ChatTokens
+
+
+CONSOLE = Console(stderr=True)
+
+
+@contextmanager
+def round_progress(round_index: int, total: int, *, shown: bool):
+    """A Rich progress bar of the round's episodes (done / total, ETA) on the main process, while
+    stderr is a terminal; yields the callback that advances it."""
+    if not (shown and CONSOLE.is_terminal):
+        yield lambda rollout: None
+        return
+    columns = (TextColumn(f"[bold]round {round_index}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=CONSOLE, transient=True) as progress:
+        bar = progress.add_task("round", total=total)
+        yield lambda rollout: progress.advance(bar)
+
+
+@dataclass
+class SealState:
+    """Everything SEAL adds to a training run's state; saved with every checkpoint."""
+
+    round: int
+    profile: CapabilityProfile
+    interface: InterfaceState
+    label_weights: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "profile": self.profile.to_json(),
+            "interface": self.interface.to_json(),
+            "label_weights": self.label_weights,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SealState:
+        return cls(
+            data["round"], CapabilityProfile.from_json(data["profile"]),
+            InterfaceState.from_json(data["interface"]), dict(data["label_weights"]),
+        )  # fmt: skip
+
+
+class SealLoop:
+    """Plays rounds and carries C_t, Ω_t and ρ(z) from one round to the next."""
+
+    def __init__(
+        self,
+        recipe: SealRecipe,
+        task_set: TaskSet,
+        out: Path,
+        *,
+        is_main: bool = True,
+        generator_factory: Any = None,
+        validation: Sequence[Task] = (),
+    ) -> None:
+        self.recipe = recipe
+        self.task_set = task_set
+        self.out = out
+        self.is_main = is_main
+        self.env_config = EnvConfig(**recipe.env)
+        self.budgets = Budgets(**recipe.budgets)
+        self.interface_config = InterfaceConfig(**recipe.interface)
+        self.apatch = ApatchConfig(**recipe.apatch)
+        self.state = SealState(
+            round=0,
+            profile=CapabilityProfile(window=recipe.profile_window),
+            interface=InterfaceState.initial(self.interface_config.preset),
+            label_weights=self.apatch.base_utility,
+        )
+        self.catalog = ToolCatalog()  # tool specs and validators, shared by every episode of the run
+        self.generator_factory = generator_factory
+        """optional ``(trainer) -> Generator``, replacing the recipe's generator (tests, custom backends)"""
+        self.timing: Counter[str] = Counter()
+        self._update_marks: dict[str, float] = {}
+        self.apatch_hook_calls = 0
+        self._round_rollouts: list[dict[str, Any]] = []
+        self._round_started = time.perf_counter()
+        self.validation = list(validation)
+        self.best_validation = _best_validation(out)
+
+    # validation (greedy, strict, interface removed) -------------------------------------------
+
+    def validate(self, trainer: Any, round_index: int) -> dict[str, Any]:
+        """Play the validation tasks greedily under the evaluation interface; log and keep the best.
+
+        A collective: every rank plays its share of the tasks and the results are gathered.
+        """
+        from seal_rl.evaluate import summarize
+
+        began = time.perf_counter()
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        training = model.training
+        model.eval()
+        generator = HFGenerator(model, trainer.processing_class, temperature=0.0, max_batch=self.recipe.generation_batch,
+                                lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
+        rank, world = _rank(trainer), trainer.accelerator.num_processes
+        mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
+        rollouts = run_episodes(
+            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode),
+            budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
+        )  # fmt: skip
+        generator.close()
+        model.train(training)
+        results = _gather(trainer, [{k: r.record[k] for k in ("index", "task_id", "category", "reward")} for r in rollouts])
+        results.sort(key=lambda r: r["index"])
+        summary = summarize(results)
+        elapsed = time.perf_counter() - began
+        line = {
+            "round": round_index, "step": trainer.state.global_step, "kind": "validation",
+            "validation/average": summary["average"], "validation/average_ci95": summary["average_ci95"],
+            "validation/overall": summary["overall"], "validation/episodes": summary["episodes"],
+            "validation/categories": summary["categories"], "validation/tasks": {r["task_id"]: r["reward"] for r in results},
+            "validation/seconds": round(elapsed, 2),
+        }  # fmt: skip
+        self.timing["validation"] += elapsed
+        self._round_started += elapsed  # not optimisation time
+        average = line["validation/average"]
+        best = self.recipe.eval.keep_best and (self.best_validation is None or average > self.best_validation)
+        if best:
+            self.best_validation = average
+            save_model(trainer, self.out / "best")  # every rank: sharded models gather for the save
+        if self.is_main:
+            if best:
+                (self.out / "best" / "validation.json").write_text(json.dumps(line, indent=1) + "\n")
+            with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line) + "\n")
+        return line
+
+    # rollout_func (TRL calls it with this process's prompts) --------------------------------
+
+    def rollout(self, prompts: list[list[dict[str, str]]], trainer: Any) -> dict[str, list[Any]]:
+        started = time.perf_counter()
+        if self.state.round > 0:
+            self.timing["optimisation"] += started - self._round_started
+            self.print_update()
+        self.state.round += 1
+        round_index = self.state.round
+        interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
+                              catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
+        generator = self._generator(trainer)
+        chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode)
+        episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
+        stats = DriverStats()
+        with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
+            rollouts = run_episodes(
+                episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
+                budgets=self.budgets, concurrency=self.recipe.concurrency,
+                seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
+            )  # fmt: skip
+        if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
+            generator.close()
+        self.timing["generation"] += stats.generation
+        self.timing["environment"] += stats.environment
+
+        began = time.perf_counter()
+        local = []
+        for rollout in rollouts:
+            record = rollout.record
+            diagnosis = add_diagnosis(record, self.recipe.diagnosis.priority)
+            local.append(EpisodeLabels(record["task_id"], record["category"], record["reward"], diagnosis,
+                                       tuple(record["reference_labels"])))  # fmt: skip
+        everyone = _gather(trainer, local)
+        self.state.profile = self.state.profile.add_round(round_index, everyone)
+        self.timing["diagnosis"] += time.perf_counter() - began
+
+        began = time.perf_counter()
+        if self.apatch.enabled and self.apatch.dynamic:  # before scaling, as the released code does
+            evidence = self.state.profile.apatch_evidence(self.apatch.preset, self.apatch.excluded)
+            self.state.label_weights = update_label_weights(
+                self.state.label_weights, evidence, self.apatch.base_utility, alpha=self.apatch.alpha,
+                beta=self.apatch.beta, k=self.apatch.k, w_min=self.apatch.w_min, w_max=self.apatch.w_max,
+                excluded=self.apatch.excluded,
+            )  # fmt: skip
+        weights = [self._weight(r.record) for r in rollouts]
+        if self.apatch.enabled and self.apatch.budget:
+            import torch
+
+            tagged = torch.tensor([any(z not in self.apatch.excluded for z in self._labels(r.record)) for r in rollouts])
+            weights = budgeted(torch.tensor(weights), tagged, strength=self.apatch.budget_strength,
+                               w_min=self.apatch.w_min, w_max=self.apatch.w_max).tolist()  # fmt: skip
+        self.timing["apatch"] += time.perf_counter() - began
+
+        self._round_interface = self.state.interface
+        self.state.interface = evolve(self.state.interface, self.state.profile, self.interface_config)
+        self._round_rollouts = [r.record for r in rollouts]
+        self._round_weights = list(weights)
+        samples = [trl_sample(r, min(chat.eos_ids)) for r in rollouts]
+        return {
+            "prompt_ids": [r.trajectory.prompt_ids for r in rollouts],
+            "completion_ids": [s["completion_ids"] for s in samples],
+            "logprobs": [s["logprobs"] for s in samples],
+            "env_mask": [s["env_mask"] for s in samples],
+            "seal_reward": [s["reward"] for s in samples],
+            "apatch_weight": weights,
+        }
+
+    def _labels(self, record: dict[str, Any]) -> list[str]:
+        if self.apatch.preset == "reference":
+            return record["reference_labels"]
+        turns = record["diagnosis"]["labels"]
+        return [t["label"] for t in turns if self.apatch.count_inherited or not t["evidence"].get("inherited")]
+
+    def _weight(self, record: dict[str, Any]) -> float:
+        if not self.apatch.enabled:
+            return 1.0
+        return trajectory_weight(self._labels(record), self.state.label_weights, w_min=self.apatch.w_min,
+                                 w_max=self.apatch.w_max, excluded=self.apatch.excluded)  # fmt: skip
+
+    def _generator(self, trainer: Any):
+        if self.generator_factory is not None:
+            return self.generator_factory(trainer)
+        if ":" in self.recipe.generator:
+            return _import_factory(self.recipe.generator)(trainer)
+        if self.recipe.generator == "vllm":
+            return VLLMGenerator(trainer)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return HFGenerator(model, trainer.processing_class, temperature=self.recipe.grpo.temperature,
+                           top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
+                           lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
+
+    def print_update(self) -> None:
+        """One line after each round's update: where its time went (since the previous line)."""
+        keys = ("update/policy", "update/reference", "update/old_logprobs")
+        spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in keys}
+        self._update_marks = {k: self.timing[k] for k in keys}
+        if self.is_main:
+            CONSOLE.print(update_summary(self.state.round, spent, self.recipe), highlight=False, soft_wrap=True)
+
+    # after TRL's advantages -------------------------------------------------------------------
+
+    def after_advantages(self, trainer: Any, inputs: list[dict[str, Any]], before: Any, after: Any) -> None:
+        """Log the round: trajectories with advantages before/after A-Patch, metrics, profile, Ω."""
+        rows = []
+        for record, weight, a, b in zip(self._round_rollouts, self._round_weights, before.tolist(), after.tolist(), strict=True):
+            rows.append({
+                "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],
+                "group": f"{record['round']}:{record['task_id']}",
+                "category": record["category"], "reward": record["reward"], "end_reason": record["end_reason"],
+                "dropped": record.get("dropped"),
+                "labels": [t["label"] for t in record["diagnosis"]["labels"]],
+                "reference_labels": record["reference_labels"], "apatch_weight": weight,
+                "advantage_before": a, "advantage_after": b, "messages": record["messages"], "steps": record["steps"],
+                "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
+            })  # fmt: skip
+        rows = _gather(trainer, rows)
+        self._round_started = time.perf_counter()
+        if not self.is_main:
+            return
+        round_index = self.state.round
+        with open(self.out / "trajectories.jsonl", "a", encoding="utf-8") as handle:
+            for row in rows:
+                jsonl.append(handle, row)
+        self.state.profile.save(self.out / "profile" / f"step_{round_index}.json")
+        (self.out / "interface").mkdir(parents=True, exist_ok=True)
+        (self.out / "interface" / f"step_{round_index}.json").write_text(
+            json.dumps({"used": self._round_interface.to_json(), "next": self.state.interface.to_json(),
+                        "changes": {k: list(v) for k, v in self._round_interface.diff(self.state.interface).items()}},
+                       indent=1) + "\n"  # fmt: skip
+        )
+        metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
+        with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
+            jsonl.append(handle, metrics)
+        for name, value in scalar_metrics(metrics).items():  # to every report_to backend at TRL's next log
+            trainer._metrics["train"][name].append(value)
+        CONSOLE.print(round_summary(metrics, self._round_interface, self.state.interface), highlight=False, soft_wrap=True)
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """A round's ``metrics.jsonl`` line as flat scalars under stable ``seal/...`` names (nested
+    dicts become path segments; the interface as the number of components on), for
+    TensorBoard, W&B and any other ``report_to`` backend."""
+    flat: dict[str, float] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix] = float(value)
+
+    for key, value in metrics.items():
+        if key == "interface/active":
+            flat["seal/interface/components_on"] = float(len(value))
+        elif key not in ("round", "step", "kind"):
+            walk(f"seal/{key}", value)
+    flat["seal/round"] = float(metrics["round"])
+    return flat
+
+
+def round_summary(metrics: dict[str, Any], used: InterfaceState, following: InterfaceState) -> str:
+    """The one line printed after each round: success, zero-variance groups, top labels, A-Patch
+    scale range and the interface components switched on or off for the next round."""
+    labels = sorted(((v, k) for k, v in metrics["labels/share"].items() if k != "pass"), reverse=True)[:3]
+    top = ", ".join(f"{k} {v:.0%}" for v, k in labels) or "none"
+    before, after = set(used.active_components), set(following.active_components)
+    changes = [f"+{c}" for c in sorted(after - before)] + [f"-{c}" for c in sorted(before - after)]
+    return (f"round {metrics['round']}: success {metrics['rollout/reward_mean']:.1%} of {metrics['rollout/episodes']} | "
+            f"zero-variance groups {metrics['rollout/groups_zero_variance']:.0%} | top labels {top} | "
+            f"A-Patch scale {metrics['apatch/scale_min']:.2f}–{metrics['apatch/scale_max']:.2f} | "
+            f"interface {' '.join(changes) or 'unchanged'}")
+
+
+def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe) -> str:
+    """The line printed after a round's update: the policy's forward and backward passes, the
+    reference model's log-probabilities (only with ``grpo.beta`` > 0) and the old policy's (only when
+    TRL needs them: several updates per generation, or vLLM's importance-sampling correction)."""
+    g = recipe.grpo
+
+    def part(key: str, name: str, why_not: str) -> str:
+        return f"{name} {spent[key]:.0f} s" if spent[key] > 0 else f"{name} not computed ({why_not})"
+
+    total = sum(spent.values())
+    return (f"round {round_index} update: {total:.0f} s | policy forward+backward {spent['update/policy']:.0f} s | "
+            + part("update/reference", "reference model", f"grpo.beta {g.beta}") + " | "
+            + part("update/old_logprobs", "old log-probs", "one update per generation"))
+
+
+def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,
+                  used: InterfaceState, timing: Counter) -> dict[str, Any]:  # fmt: skip
+    """One ``metrics.jsonl`` line (metric names grouped by prefix)."""
+    by_category: dict[str, list[float]] = {}
+    labels: Counter[str] = Counter()
+    for row in rows:
+        by_category.setdefault(row["category"], []).append(row["reward"])
+        labels.update(row["labels"])
+    total = sum(labels.values()) or 1
+    weights = [row["apatch_weight"] for row in rows] or [1.0]
+    groups: dict[str, set[float]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], set()).add(row["reward"])
+    seconds = {k: round(v, 4) for k, v in timing.items()}
+    return {
+        "round": round_index,
+        "step": step,
+        "kind": "rollout",
+        "rollout/reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows)),
+        "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
+        "rollout/episodes": len(rows),
+        "rollout/groups_zero_variance": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
+        "rollout/dropped": dict(Counter(row["dropped"] for row in rows if row.get("dropped"))),
+        "labels/share": {k: v / total for k, v in sorted(labels.items())},
+        "apatch/scale_mean": sum(weights) / len(weights),
+        "apatch/scale_min": min(weights),
+        "apatch/scale_max": max(weights),
+        "apatch/label_weights": state.label_weights,
+        "interface/active": used.active_components,
+        "time/seconds": seconds,
+    }
+
+
+def _import_factory(spec: str) -> Any:
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise SealError(f"Cannot load generator factory {spec!r} ({exc}).") from None
+
+
+def _rank(trainer: Any) -> int:
+    return trainer.accelerator.process_index
+
+
+def _gather(trainer: Any, items: list[Any]) -> list[Any]:
+    """Every rank's items, in rank order (a collective: all ranks must call it)."""
+    if trainer.accelerator.num_processes == 1:
+        return list(items)
+    from accelerate.utils import gather_object
+
+    return list(gather_object(items))

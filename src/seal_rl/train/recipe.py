@@ -1,0 +1,333 @@
+"""The training recipe: its sections as dataclasses, loading and validation, and the batch layout.
+
+A :class:`SealRecipe` is everything ``seal train`` needs, read from YAML (a file or a shipped
+recipe's name, :mod:`seal_rl.recipes`) plus ``key=value`` overrides and checked on load: each
+free-form section (``env``, ``budgets``, ``interface``, ``apatch``) is built into the config
+dataclass its module owns, so that module's own checks run too. :func:`batch_layout` turns the
+recipe's task counts into TRL's batch settings for a number of processes.
+
+Not here: which tasks a recipe trains and validates on (:mod:`seal_rl.train.prepare`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from seal_rl import recipes
+from seal_rl.apatch import ApatchConfig
+from seal_rl.diagnose import PRIORITIES
+from seal_rl.env import EnvConfig
+from seal_rl.errors import SealError
+from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
+from seal_rl.interface import InterfaceConfig, InterfaceState
+from seal_rl.rollout import Budgets
+from seal_rl.sft import WarmStartConfig, check_source
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """a local model directory (weights are never downloaded at run time), or ``tiny`` for a random
+    tiny Qwen2 model built into the run directory (smoke runs and tests)"""
+    tiny_vocab_size: int = 4096
+    tiny_hidden_size: int = 64
+    tiny_layers: int = 2
+    tiny_heads: int = 4
+    """attention heads of the tiny model; head_dim = tiny_hidden_size / tiny_heads (16 by default). vLLM's
+    CPU attention accepts only some head sizes (32, 64, 80, 96, 112, 128, ...): with ``use_vllm`` on a CPU
+    set ``tiny_heads: 1`` (head_dim 64) or a wider ``tiny_hidden_size``"""
+    tiny_kv_heads: int = 2
+    """key/value heads of the tiny model (grouped-query attention); must divide ``tiny_heads``"""
+    dtype: str = "auto"
+    """``auto`` | ``bfloat16`` | ``float32``"""
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    split: str = "train"
+    """tasks to train on: ``train`` | ``test`` | ``all`` (the paper trains on ``train``)"""
+    categories: list[str] = field(default_factory=list)
+    """restrict to these categories (empty: all four)"""
+    task_ids: list[str] = field(default_factory=list)
+    """exactly these tasks (overrides split and categories)"""
+    limit: int = 0
+    """use only the first N selected tasks (0: all)"""
+
+
+@dataclass
+class GRPOSettings:
+    """GRPO hyper-parameters (SEAL recipe in brackets); passed to TRL's ``GRPOConfig``."""
+
+    num_generations: int = 8
+    """rollouts per task (G) [8]"""
+    tasks_per_step: int = 32
+    """tasks per round / generation batch [32]"""
+    tasks_per_update: int = 8
+    """tasks per optimizer step (PPO mini-batch) [8]: tasks_per_step / tasks_per_update updates per round"""
+    per_device_train_batch_size: int = 4
+    """samples per device per micro-batch (the paper: 1; GPU recipes use 1 and accumulate)"""
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "constant"
+    num_train_epochs: float = 6.0
+    max_steps: int = -1
+    """optimizer steps; -1: from epochs"""
+    beta: float = 0.001
+    """KL to the reference (TRL uses the low-variance k3 estimator) [0.001]"""
+    epsilon: float = 0.2
+    """PPO clip [0.2]"""
+    delta: float | None = 10.0
+    """dual-clip bound on the ratio for negative advantages [10]; null disables"""
+    loss_type: str = "dapo"
+    """token-mean over model tokens [dapo]"""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    weight_decay: float = 0.0
+    """AdamW weight decay (TRL's default 0; the reference's verl actor uses 0.01, set in the paper recipe)"""
+    use_bias_correction_kl: bool = False
+    """multiply the KL term by the importance ratio (TRL's default True); off: the paper's plain
+    low-variance KL"""
+    bf16: bool = False
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    """only ``colocate`` is supported: TRL's server mode is a collective over all ranks, which
+    multi-turn episodes of different lengths would deadlock"""
+    vllm_gpu_memory_utilization: float = 0.4
+    vllm_tensor_parallel_size: int = 1
+    """ranks per vLLM engine; a TP group generates the union of its ranks' requests in lockstep"""
+    vllm_dtype: str = "auto"
+    """the colocated engine's dtype: ``auto`` is the trainer's (the loaded model's; vLLM by itself would
+    run a float32 checkpoint in bfloat16, far from the trainer's log-probabilities), or any vLLM dtype
+    (``bfloat16``, ``float32``)"""
+    vllm_importance_sampling_correction: bool = False
+    """TRL's correction for the vLLM/trainer probability mismatch (TRL's default True). Off by
+    default: the paper's reference (verl) trains without it. Needs the sampled log-probabilities,
+    which the vllm generator returns"""
+    logging_steps: int = 1
+    save_steps: int = 0
+    """save a checkpoint every N optimizer steps (0: once per round)"""
+    save_total_limit: int | None = None
+    """keep at most this many checkpoints (a 7B ZeRO-3 checkpoint with optimizer state is ~100 GB)"""
+    report_to: list[str] = field(default_factory=lambda: ["none"])
+    """``tensorboard`` / ``wandb`` through TRL; metrics.jsonl is always written"""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """any other ``GRPOConfig`` field, passed through unchanged"""
+
+
+@dataclass
+class ValidationConfig:
+    """Greedy, strict validation during training, with the interface removed (evaluation mode)."""
+
+    every_rounds: int = 0
+    """validate after every N rounds, before the first round and after the last (0: never)"""
+    tasks: list[str] = field(default_factory=list)
+    """validation task ids; empty: ``holdout`` tasks of the training split not trained on (the test
+    split is used only if a recipe lists its tasks here)"""
+    holdout: int = 16
+    """size of the default validation set, drawn per category from the training split; when the
+    recipe trains on the whole split these tasks are removed from training"""
+    keep_best: bool = False
+    """save the model with the best validation success (average of category rates) to ``best/``"""
+
+    def __post_init__(self) -> None:
+        if self.every_rounds < 0 or self.holdout < 0:
+            raise SealError("eval.every_rounds and eval.holdout must be >= 0.")
+
+
+@dataclass
+class DiagnosisConfig:
+    priority: str = "seal"
+    """``seal`` (DESIGN.md §4: invalid → argument → missing call → recovery → instance → state →
+    response) or ``paper`` (SEAL Table 5: invalid → argument → state → recovery → missing call →
+    response); see docs/diagnosis.md"""
+
+    def __post_init__(self) -> None:
+        if self.priority not in PRIORITIES:
+            raise SealError(f"diagnosis.priority must be one of {sorted(PRIORITIES)}, got {self.priority!r}.")
+
+
+@dataclass
+class SealRecipe:
+    """A training recipe: everything ``seal train`` needs, validated on load."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    env: dict[str, Any] = field(default_factory=lambda: {"call_format": "hermes", "prompt_mode": "bfcl_qwen_fc", "max_model_calls": 20})
+    budgets: dict[str, int] = field(default_factory=lambda: asdict(Budgets()))
+    interface: dict[str, Any] = field(default_factory=lambda: asdict(InterfaceConfig()))
+    apatch: dict[str, Any] = field(default_factory=lambda: {k: v for k, v in asdict(ApatchConfig()).items()})
+    profile_window: int = 1
+    """rounds the capability profile aggregates over"""
+    generator: str = "hf"
+    """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
+    or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
+    concurrency: int = 64
+    """episodes played at once per rank"""
+    generation_batch: int = 16
+    """hf generator: sequences per generate() call"""
+    prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
+    """hf generator: tokens of prompt KV states kept so a call only prefills what earlier prompts did
+    not have (the tool prompt, a group's shared opening, the conversation so far); 0: off. Ignored
+    (off) when the weights are sharded over several processes (FSDP, ZeRO-3). See docs/training.md."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
+    eval: ValidationConfig = field(default_factory=ValidationConfig)
+    """validation during training"""
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    """how Ψ labels a failed turn that qualifies for several labels"""
+
+
+def load_recipe(path: Path | str | None, overrides: Sequence[str] = ()) -> SealRecipe:
+    """A recipe from YAML (a path or a shipped recipe's name) plus ``key=value`` dotted overrides,
+    checked against :class:`SealRecipe`."""
+    try:
+        base = OmegaConf.structured(SealRecipe)
+        layers = [base]
+        if path is not None:
+            path = recipes.resolve(path)  # a file, or a shipped recipe's name (`seal train --list-configs`)
+            try:
+                layers.append(OmegaConf.load(path))
+            except FileNotFoundError:
+                raise SealError(f"Recipe {path} does not exist; see `seal train --list-configs`.") from None
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+                raise SealError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc}).") from None
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        recipe: SealRecipe = OmegaConf.to_object(merged)
+    except MissingMandatoryValue as exc:
+        raise SealError(f"The recipe leaves {exc.full_key} unset; give it with --set {exc.full_key}=...") from None
+    except OmegaConfBaseException as exc:
+        raise SealError(f"Bad recipe: {str(exc).splitlines()[0]}") from None
+    validate(recipe)
+    return recipe
+
+
+def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    """Build one free-form recipe section (``env``, ``budgets``, ``interface``, ``apatch``) with a
+    one-line error for an unknown key ("did you mean") or a value of the wrong type."""
+    known = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" Did you mean {name}.{close[0]}?" if close else f" Known: {', '.join(known)}."
+            raise SealError(f"Bad recipe: {name}.{key} is not a setting.{hint}")
+    for f in fields(cls):
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
+        value = values.get(f.name)
+        if expected is not None and f.name in values and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            raise SealError(f"Bad recipe: {name}.{f.name} must be {f.type}, got {value!r}.")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise SealError(f"Bad recipe: {name}: {exc}") from None
+
+
+def validate(recipe: SealRecipe) -> None:
+    """Check what spans several fields; build every sub-config so its own checks run too."""
+    _section("env", EnvConfig, recipe.env)
+    _section("budgets", Budgets, recipe.budgets)
+    for source in recipe.warm_start.data:
+        check_source(source)
+    for preset in recipe.warm_start.interfaces:
+        InterfaceState.initial(preset)
+    _section("interface", InterfaceConfig, recipe.interface)
+    _section("apatch", ApatchConfig, recipe.apatch)
+    g = recipe.grpo
+    if g.num_generations < 2:
+        raise SealError(f"Group-relative advantages need >= 2 rollouts per task; got num_generations={g.num_generations}.")
+    if g.tasks_per_step % g.tasks_per_update:
+        raise SealError(f"tasks_per_step ({g.tasks_per_step}) must be a multiple of tasks_per_update ({g.tasks_per_update}).")
+    if recipe.generator not in ("hf", "vllm") and ":" not in recipe.generator:
+        raise SealError(f"Unknown generator {recipe.generator!r}; expected 'hf', 'vllm' or 'module:function'.")
+    if recipe.generator == "vllm" and not g.use_vllm:
+        raise SealError("generator: vllm needs grpo.use_vllm: true.")
+    if g.use_vllm and g.vllm_mode != "colocate":
+        raise SealError(f"grpo.vllm_mode {g.vllm_mode!r} is not supported: TRL's server mode gathers every rank's "
+                        "prompts in one collective call, which multi-turn episodes of different lengths deadlock. "
+                        "Use vllm_mode: colocate (with vllm_tensor_parallel_size for large models).")  # fmt: skip
+    if g.extra.get("vllm_enable_sleep_mode"):
+        raise SealError("vllm_enable_sleep_mode is not supported: a multi-turn round calls the engine once per turn, and "
+                        "level-2 sleep would re-push all weights before every call.")  # fmt: skip
+    if g.vllm_tensor_parallel_size < 1:
+        raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
+    if recipe.model.path == "tiny":
+        check_tiny_heads(recipe.model, vllm=g.use_vllm)
+    if recipe.prefix_cache_tokens < 0:
+        raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
+    check_report_to(g.report_to)
+
+
+def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:
+    """The tiny model's attention shape is buildable, and served by vLLM's CPU attention when the
+    engine runs on a CPU (it refuses other head sizes with "Unsupported CPU attention configuration")."""
+    m = model
+    if m.tiny_heads < 1 or m.tiny_kv_heads < 1 or m.tiny_hidden_size % m.tiny_heads or m.tiny_heads % m.tiny_kv_heads:
+        raise SealError(f"model.tiny_heads ({m.tiny_heads}) must divide tiny_hidden_size ({m.tiny_hidden_size}) and be a "
+                        f"multiple of tiny_kv_heads ({m.tiny_kv_heads}).")  # fmt: skip
+    head_dim = m.tiny_hidden_size // m.tiny_heads
+    if vllm and head_dim not in VLLM_CPU_HEAD_SIZES:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SealError(f"The tiny model's head_dim is {head_dim} (tiny_hidden_size / tiny_heads) but vLLM's CPU attention "
+                            f"takes only {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}: set model.tiny_heads so that it is "
+                            f"one (e.g. model.tiny_heads={max(1, m.tiny_hidden_size // 64)} model.tiny_kv_heads=1).")  # fmt: skip
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+"""head sizes vLLM 0.30's CPU attention backend supports (``CPUAttentionBackend.get_supported_head_sizes``)"""
+
+
+def check_report_to(backends: Sequence[str]) -> None:
+    """Every ``grpo.report_to`` backend is one transformers knows and is installed: a one-line error
+    now, before any model loads (``seal-rl[wandb]`` installs W&B)."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    for name in backends:
+        if name in ("none", "all"):
+            continue
+        if name not in INTEGRATION_TO_CALLBACK:
+            close = difflib.get_close_matches(name, list(INTEGRATION_TO_CALLBACK), n=1)
+            hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(sorted(INTEGRATION_TO_CALLBACK))}, none."
+            raise SealError(f"Bad recipe: grpo.report_to {name!r} is not a logging backend.{hint}")
+        module = {"tensorboard": "tensorboard", "comet_ml": "comet_ml", "azure_ml": "azureml"}.get(name, name)
+        if importlib.util.find_spec(module) is None:
+            how = "pip install 'seal-rl[wandb]'" if name == "wandb" else f"pip install {module}"
+            raise SealError(f"grpo.report_to asks for {name}, which is not installed: {how}, or drop it from report_to.")
+
+
+def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
+    """TRL batch settings for the recipe on ``world_size`` processes."""
+    g = recipe.grpo
+    per_process = g.per_device_train_batch_size * world_size
+    round_samples = g.tasks_per_step * g.num_generations
+    update_samples = g.tasks_per_update * g.num_generations
+    for name, samples in (("tasks_per_step", round_samples), ("tasks_per_update", update_samples)):
+        if samples % per_process:
+            raise SealError(
+                f"{name} x num_generations = {samples} samples must be a multiple of per_device_train_batch_size x "
+                f"processes = {per_process}. Change per_device_train_batch_size or the task counts."
+            )
+    return {
+        "steps_per_generation": round_samples // per_process,
+        "gradient_accumulation_steps": update_samples // per_process,
+        "updates_per_round": g.tasks_per_step // g.tasks_per_update,
+    }
+
+
+def recipe_fields() -> list[str]:
+    """Top-level recipe keys (for error messages and docs)."""
+    return [f.name for f in fields(SealRecipe)]

@@ -1,0 +1,208 @@
+"""One SEAL training run, from recipe to saved model: :func:`train`.
+
+It selects the tasks, takes the run directory (one writer at a time), prepares the model and the
+warm start, builds TRL's ``GRPOConfig`` from the recipe and the batch layout, builds the loop and
+the trainer, restores a checkpoint when resuming, trains, and saves ``model/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from seal_rl.budgets import count_for_recipe, summary_line
+from seal_rl.errors import SealError, SealWarning
+from seal_rl.generators import vllm_cpu
+from seal_rl.generators.vllm_engines import trl_engine_dtype
+from seal_rl.rollout import Budgets
+from seal_rl.runlock import run_lock
+from seal_rl.tasks import TaskSet
+from seal_rl.train.loop import CONSOLE, SealLoop, SealState
+from seal_rl.train.recipe import SealRecipe, batch_layout
+from seal_rl.train.run_dir import (
+    METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
+    read_metrics,
+)  # fmt: skip
+from seal_rl.train.trainer import _fsdp_on_cpu, _seal_callback, _validation_callback, make_trainer_class, save_model, seal_reward
+from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
+
+
+def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
+          recipe_path: Path | None = None) -> dict[str, Any]:
+    """Run SEAL (or an ablation) as the recipe says; return a short summary.
+
+    ``resume``: continue the run in ``out`` from its newest checkpoint (model, optimizer, RNG and
+    SEAL state; log lines of rounds after that checkpoint are dropped first).
+
+    ``seal train`` checks first that the recipe fits this machine's memory
+    (:func:`seal_rl.fit.check_before_training`, called by the CLI before this function). Once the
+    model directory exists this prints how many of the training tasks' ground truths fit the budgets
+    (:mod:`seal_rl.budgets`).
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    task_set = TaskSet.load()
+    tasks, validation = select_tasks(recipe, task_set)
+    if len(tasks) < recipe.grpo.tasks_per_step:
+        raise SealError(f"{len(tasks)} tasks selected but tasks_per_step is {recipe.grpo.tasks_per_step}.")
+
+    from accelerate import PartialState
+
+    # Joins the process group under torchrun / accelerate launch. A singleton: on a CPU-only machine
+    # it must be created with cpu=True (as TRL's use_cpu does), or it stays single-process.
+    distributed = PartialState(cpu=not torch.cuda.is_available())
+    layout = batch_layout(recipe, distributed.num_processes)
+    is_main = distributed.is_main_process
+    out = Path(out)
+    with ExitStack() as held:
+        if is_main:
+            held.enter_context(run_lock(out))  # one writer per run directory
+        if resume is not None and Path(resume).resolve() != out.resolve():
+            raise SealError("--resume continues a run in place: pass the same directory as --out (or omit --out).")
+        if is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if resume is None and (out / METRICS_FILE).exists():
+                raise SealError(f"{out} already holds a training run; choose another --out or resume it with --resume {out}.")
+            resolved = OmegaConf.structured(recipe)
+            resolved.data.task_ids = [t.id for t in tasks]
+            resolved.eval.tasks = [t.id for t in validation]
+            (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
+            CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
+        with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
+            model_path = _prepare_model(recipe, out, task_set)
+        if is_main:
+            _say(summary_line(count_for_recipe(recipe, AutoTokenizer.from_pretrained(model_path), task_set, tasks)))
+        if recipe.warm_start.data:
+            if distributed.num_processes > 1:
+                raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
+                                "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
+            if not (out / "warm_start" / "model" / "config.json").exists():
+                warm_start(recipe, out / "warm_start", task_set, tasks, model_path)
+            model_path = str(out / "warm_start" / "model")
+
+        g = recipe.grpo
+        budgets = Budgets(**recipe.budgets)
+        save_steps = g.save_steps or layout["updates_per_round"]
+        if save_steps % layout["updates_per_round"]:
+            raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
+        args = GRPOConfig(
+            output_dir=str(out / "checkpoints"),
+            per_device_train_batch_size=g.per_device_train_batch_size,
+            gradient_accumulation_steps=layout["gradient_accumulation_steps"],
+            steps_per_generation=layout["steps_per_generation"],
+            num_generations=g.num_generations,
+            learning_rate=g.learning_rate,
+            lr_scheduler_type=g.lr_scheduler_type,
+            num_train_epochs=g.num_train_epochs,
+            max_steps=g.max_steps,
+            beta=g.beta,
+            epsilon=g.epsilon,
+            delta=g.delta,
+            loss_type=g.loss_type,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            seed=g.seed,
+            bf16=g.bf16,
+            weight_decay=g.weight_decay,
+            use_bias_correction_kl=g.use_bias_correction_kl,
+            use_vllm=g.use_vllm,
+            vllm_mode=g.vllm_mode,
+            vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
+            vllm_importance_sampling_correction=g.vllm_importance_sampling_correction,
+            # The engine's context is one whole episode; a single call generates at most max_new_tokens
+            # (the driver asks for less when the episode's budget is nearly spent).
+            vllm_max_model_length=budgets.max_prompt_tokens + budgets.max_completion_tokens,
+            max_completion_length=budgets.max_new_tokens,
+            logging_steps=g.logging_steps,
+            save_strategy="steps",
+            save_steps=save_steps,
+            save_total_limit=g.save_total_limit,
+            report_to=g.report_to,
+            activation_checkpointing=recipe.model.gradient_checkpointing,
+            remove_unused_columns=False,
+            use_cpu=not torch.cuda.is_available(),
+            **g.extra,
+        )
+        if g.use_vllm:  # TRL's colocated sync reaches the engine's worker: the engine must run in this process
+            vllm_cpu.in_process()
+            if not torch.cuda.is_available():  # vLLM's CPU build would size its KV cache to most of the memory
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
+
+        loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
+        checkpoint = None
+        if resume is not None:
+            checkpoint = latest_checkpoint(resume, required=False)
+            if checkpoint is None:  # killed before the first checkpoint: nothing to keep but the recipe
+                warnings.warn(f"{out} has no checkpoint yet; starting the run over from round 1.", SealWarning, stacklevel=2)
+            else:
+                loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
+            if is_main:
+                _drop_logs_after(out, loop.state.round)
+            loop.best_validation = _best_validation(out)
+        trainer_class = make_trainer_class()
+        engine_dtype = str(model.dtype).removeprefix("torch.") if g.vllm_dtype == "auto" else g.vllm_dtype
+        with _tensorboard_dir(out / "tensorboard"), trl_engine_dtype(engine_dtype) if g.use_vllm else nullcontext():
+            trainer = trainer_class(
+                model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
+                rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
+            )  # fmt: skip
+        trainer.seal = loop
+        if g.use_vllm:
+            vllm_cpu.install_weight_sync(trainer.vllm_generation, loop.timing)  # on vLLM's CPU build only
+        _fsdp_on_cpu(trainer)
+        if validation and recipe.eval.every_rounds:
+            trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
+        rounds_before = loop.state.round
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        if loop.state.round > rounds_before:  # book the last round's update, which no next round will
+            loop.print_update()
+        if is_main and loop.state.round > rounds_before:
+            loop.timing["optimisation"] += time.perf_counter() - loop._round_started
+            (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
+                                                     "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
+        if loop.apatch_hook_calls != loop.state.round - rounds_before:
+            raise RuntimeError(
+                f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
+                f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
+            )
+        save_model(trainer, out / "model")
+        return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
+                "apatch_hook_calls": loop.apatch_hook_calls,
+                "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+
+
+def _say(text: str) -> None:
+    """A line for the person at the terminal (stderr, like the start banner), without Rich markup."""
+    CONSOLE.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_size: int, config: Path | None) -> str:
+    """What ``seal train`` prints before it starts: recipe, batch layout, world size and outputs."""
+    g = recipe.grpo
+    episodes = g.tasks_per_step * g.num_generations
+    return "\n".join([
+        f"seal train: recipe {config or '(given in code)'}, resolved in {out / 'config.yaml'}",
+        f"  model {recipe.model.path}; protocol {recipe.env.get('protocol', 'seal')}; interface {recipe.interface.get('preset')}; "
+        f"A-Patch {recipe.apatch.get('preset')}; report_to {', '.join(g.report_to)}",
+        f"  {world_size} process(es); per round {g.tasks_per_step} tasks x {g.num_generations} rollouts = {episodes} episodes, "
+        f"{layout['updates_per_round']} update(s) of {g.tasks_per_update * g.num_generations} episodes "
+        f"(micro-batch {g.per_device_train_batch_size}, gradient accumulation {layout['gradient_accumulation_steps']}); "
+        f"max_steps {g.max_steps}",
+        f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
+    ])  # fmt: skip

@@ -1,0 +1,82 @@
+"""The run directory: file names, the metrics file, checkpoints to resume from, and TensorBoard.
+
+A run directory holds ``config.yaml`` (with the resolved task ids), ``metrics.jsonl`` (a
+``rollout`` line per round, a ``validation`` line per validation, ``trainer`` lines of TRL's
+logs), ``trajectories.jsonl``, ``profile/``, ``interface/``, ``time.json``, ``checkpoints/``
+(each with ``seal_state.json``), ``tensorboard/`` and ``model/``; with a recipe's ``warm_start``
+also ``warm_start/``, with ``eval.keep_best`` also ``best/``. Resuming keeps only the log lines of
+rounds the checkpoint has seen (:func:`_drop_logs_after`).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from seal_rl import jsonl
+from seal_rl.errors import SealError
+
+SEAL_STATE_FILE = "seal_state.json"
+METRICS_FILE = "metrics.jsonl"
+TIME_FILE = "time.json"
+"""this session's seconds per phase when training ended, the last round's optimisation included"""
+
+
+def read_metrics(run_dir: Path, kind: str = "rollout") -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` lines of one kind: ``rollout`` (one per round) or ``validation``."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    lines = jsonl.read(path)  # a torn last line (a kill mid-write) is left out
+    return [line for line in lines.values if isinstance(line, dict) and line.get("kind", "rollout") == kind]
+
+
+def _best_validation(run_dir: Path) -> float | None:
+    """The best validation average logged so far (a resumed run keeps choosing against it)."""
+    values = [line["validation/average"] for line in read_metrics(run_dir, "validation")]
+    return max(values) if values else None
+
+
+def _drop_logs_after(out: Path, round_index: int) -> None:
+    """Keep only log lines of rounds up to ``round_index`` (those the checkpoint has seen); a torn
+    or corrupt line (a kill mid-write) goes too. Each file is replaced atomically."""
+    for name in (METRICS_FILE, "trajectories.jsonl"):
+        path = out / name
+        if path.exists():
+            lines = jsonl.read(path)
+            jsonl.rewrite(path, [v for v in lines.values if isinstance(v, dict) and v.get("round", 0) <= round_index])
+    for folder in ("profile", "interface"):  # per-round state files of rounds the checkpoint has not seen
+        for path in (out / folder).glob("step_*.json"):
+            if int(path.stem.split("_", 1)[1]) > round_index:
+                path.unlink()
+
+
+def latest_checkpoint(run_dir: Path, *, required: bool = True) -> Path | None:
+    """The newest ``checkpoints/checkpoint-N`` of a run directory that has SEAL state (written
+    last, so a checkpoint a kill cut short is never chosen); None if there is none and not
+    ``required``."""
+    candidates = sorted(
+        (p for p in (Path(run_dir) / "checkpoints").glob("checkpoint-*") if (p / SEAL_STATE_FILE).exists()),
+        key=lambda p: int(p.name.rsplit("-", 1)[1]),
+    )
+    if not candidates:
+        if not required:
+            return None
+        raise SealError(f"No checkpoint with SEAL state under {run_dir}/checkpoints; nothing to resume.")
+    return candidates[-1]
+
+
+@contextmanager
+def _tensorboard_dir(path: Path):
+    """Point transformers' TensorBoard logs at ``RUN/tensorboard`` (it reads TENSORBOARD_LOGGING_DIR
+    when its callback is built) unless the user chose a directory; the variable is restored after."""
+    chosen = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    if chosen is None:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if chosen is None:
+            os.environ.pop("TENSORBOARD_LOGGING_DIR", None)

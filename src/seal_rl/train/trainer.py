@@ -1,0 +1,239 @@
+"""The TRL integration: the GRPO trainer subclass, its callbacks and sampler, what it trains on,
+and saving the policy.
+
+:func:`make_trainer_class` builds ``SealGRPOTrainer``, whose one change to TRL is A-Patch (SEAL
+Eq. 12) applied to the group advantages; its sampler draws each epoch's task order from (seed,
+epoch), so a resumed run replays the same order. The callbacks save the SEAL state into every
+checkpoint, copy TRL's logs into ``metrics.jsonl`` and run validation. :func:`trl_sample` is one
+episode as TRL trains on it; :func:`save_model` writes a plain model directory, also from FSDP
+or ZeRO-3 shards.
+
+Not here: what a round plays and logs (:mod:`seal_rl.train.loop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from seal_rl import jsonl
+from seal_rl.apatch import reweight
+from seal_rl.rollout import Rollout, derived_seed
+from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE
+
+if TYPE_CHECKING:
+    from seal_rl.train.loop import SealLoop
+
+
+def seal_reward(prompts: list[Any], completions: list[Any], seal_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+    """The verifier's binary reward, computed by the environment during the rollout (None: unscorable)."""
+    return list(seal_reward)
+
+
+def make_trainer_class():
+    """``SealGRPOTrainer``: TRL's GRPOTrainer with A-Patch applied after the group advantages."""
+    from trl import GRPOTrainer
+
+    class SealGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose advantages are reweighted per trajectory (SEAL Eq. 12).
+
+        The only override: after TRL computes the group-relative advantages (gathered across
+        ranks), each local trajectory's advantage is multiplied by its A-Patch weight.
+        """
+
+        seal: SealLoop
+
+        def _get_train_sampler(self, dataset=None):
+            sampler = super()._get_train_sampler(dataset)
+            sampler.__class__ = _epoch_seeded(type(sampler))
+            return sampler
+
+        _seal_scoring_seconds = 0.0
+        """time inside ``_generate_and_score_completions`` (rollouts, old and reference log-probs)"""
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            started, scoring = time.perf_counter(), self._seal_scoring_seconds
+            output = super().training_step(model, inputs, num_items_in_batch)
+            elapsed = time.perf_counter() - started - (self._seal_scoring_seconds - scoring)
+            self.seal.timing["update/policy"] += elapsed  # the policy's forward and backward passes, optimizer step
+            return output
+
+        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+            import torch
+
+            started = time.perf_counter()
+            output = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            if not torch.is_grad_enabled():  # the no-grad passes before the update; the loss's own pass is in update/policy
+                kind = "update/reference" if model is self.ref_model else "update/old_logprobs"
+                self.seal.timing[kind] += time.perf_counter() - started
+            return output
+
+        def _generate_and_score_completions(self, inputs):
+            started = time.perf_counter()
+            try:
+                return self._seal_generate_and_score(inputs)
+            finally:
+                self._seal_scoring_seconds += time.perf_counter() - started
+
+        def _seal_generate_and_score(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            weights = [float(x["apatch_weight"]) for x in inputs]
+            import torch
+
+            before = output["advantages"].clone()
+            weight_tensor = torch.tensor(weights, dtype=before.dtype, device=before.device)
+            output["advantages"] = reweight(before, weight_tensor, self.seal.apatch.apply_to)
+            self.seal.apatch_hook_calls += 1
+            self.seal.after_advantages(self, inputs, before, output["advantages"])
+            return output
+
+    return SealGRPOTrainer
+
+
+def _epoch_seeded(sampler_class: type) -> type:
+    """TRL's RepeatSampler with each epoch's task order drawn from (seed, epoch).
+
+    TRL's sampler keeps one generator for the whole run, so a run resumed in epoch e >= 2 would
+    replay epoch 1's order. transformers calls ``set_epoch`` on the sampler at every epoch start
+    (also when resuming), so the order depends on the epoch alone.
+    """
+
+    class EpochSeededRepeatSampler(sampler_class):
+        epoch = 0
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = epoch
+
+        def __iter__(self):
+            if self.shuffle:
+                self.generator.manual_seed(derived_seed(self.seed or 0, self.epoch, 0))
+            yield from super().__iter__()
+
+    return EpochSeededRepeatSampler
+
+
+def _seal_callback(loop: SealLoop):
+    from transformers import TrainerCallback
+
+    class SealStateCallback(TrainerCallback):
+        """Saves SEAL state into every checkpoint directory, and copies what TRL logs (loss, KL,
+        entropy, gradient norm, clip ratios, completion lengths, ``frac_reward_zero_std``, ...)
+        into ``metrics.jsonl`` as ``kind: trainer`` lines, so the report has them."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if loop.is_main:
+                checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                checkpoint.mkdir(parents=True, exist_ok=True)
+                (checkpoint / SEAL_STATE_FILE).write_text(json.dumps(loop.state.to_json(), indent=1, sort_keys=True) + "\n")
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if loop.is_main and logs:
+                line = {"round": loop.state.round, "step": state.global_step, "kind": "trainer"}
+                line.update((k, v) for k, v in logs.items() if not k.startswith("seal/") and isinstance(v, (int, float, str)))
+                with open(loop.out / METRICS_FILE, "a", encoding="utf-8") as handle:
+                    jsonl.append(handle, line)
+            if logs:
+                # The report_to integrations (built before this callback) have read the seal/ scalars;
+                # the console printer (added after it) would echo dozens of them per log: the round
+                # summary line says it better. trainer_state.json keeps its own copy of every log.
+                for key in [k for k in logs if k.startswith("seal/")]:
+                    del logs[key]
+            return control
+
+    return SealStateCallback()
+
+
+def _validation_callback(loop: SealLoop, trainer: Any, updates_per_round: int, every_rounds: int):
+    from transformers import TrainerCallback
+
+    class ValidationCallback(TrainerCallback):
+        """Validates before training, after every ``every_rounds`` rounds and after the last round."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                loop.validate(trainer, 0)
+            return control
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % updates_per_round == 0:
+                round_index = state.global_step // updates_per_round
+                if round_index % every_rounds == 0 or state.global_step >= state.max_steps:
+                    loop.validate(trainer, round_index)
+            return control
+
+    return ValidationCallback()
+
+
+def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
+    """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward.
+
+    An episode that produced no tokens (its opening prompt exceeded ``max_prompt_tokens``, or its
+    first generation failed) cannot be handed to TRL as is (an empty completion crashes it): it
+    becomes one masked ``filler_token`` with no reward, so it carries no loss and no advantage, and
+    its record says why (``dropped``). Unscorable episodes (checker error, generation error) get
+    no reward either: TRL leaves them out of the group baseline and gives them advantage 0.
+    """
+    record, trajectory = rollout.record, rollout.trajectory
+    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
+    if not trajectory.completion_ids:
+        record["dropped"] = record["end_reason"]
+        return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
+    return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
+            "logprobs": trajectory.logprobs, "reward": None if unscorable else record["reward"]}  # fmt: skip
+
+
+def save_model(trainer: Any, path: Path) -> None:
+    """Save the policy as a plain transformers model directory (weights, config, tokenizer).
+
+    A collective: every rank must call it. ZeRO-3 gathers its 16-bit weights across ranks (on rank 0
+    alone it hangs); FSDP gathers a full state dict, which rank 0 writes itself — transformers'
+    ``save_pretrained`` would touch the still-sharded parameters on rank 0 alone and hang, and a
+    sharded state dict would write shards, not a model.
+    """
+    if not trainer.is_fsdp_enabled:
+        trainer.save_model(str(path))
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(str(path))
+        return
+    from safetensors.torch import save_file
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Collective; FSDP2 and FSDP1 alike: full tensors on rank 0, an empty dict elsewhere.
+    state_dict = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if getattr(model.config, "tie_word_embeddings", False):
+            state_dict.pop("lm_head.weight", None)  # tied to the input embeddings; safetensors refuses shared tensors
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(str(path))
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(str(path))
+        trainer.processing_class.save_pretrained(str(path))
+    trainer.accelerator.wait_for_everyone()
+
+
+def _fsdp_on_cpu(trainer: Any) -> None:
+    """Let ``accelerate launch`` with an FSDP config shard on CPU processes (gloo), as on GPUs.
+
+    accelerate turns its FSDP environment (``ACCELERATE_USE_FSDP``) into FSDP only for GPU-like
+    process types and silently falls back to DDP on CPU processes, although PyTorch's FSDP2 runs on
+    gloo. For tests and laptops (``configs/accelerate/fsdp-cpu.yaml``) the trainer's accelerator is
+    switched to FSDP, with the plugin accelerate builds from the same environment, before it wraps
+    the model.
+    """
+    import torch
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if torch.cuda.is_available() or state.num_processes == 1 or os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return
+    if state.distributed_type != DistributedType.FSDP:
+        state.distributed_type = DistributedType.FSDP
+        state.fsdp_plugin = FullyShardedDataParallelPlugin()
+        trainer.is_fsdp_enabled = True
