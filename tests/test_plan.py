@@ -37,6 +37,7 @@ PAPER_SETTINGS = ["model.path=preset:qwen2.5-7b", "grpo.per_device_train_batch_s
         ("qwen2.5-3b", 3.09e9),
         ("qwen2.5-0.5b", 0.494e9),  # 0.49B
         ("llama3.1-8b", 8.03e9),
+        ("qwen3-8b", 8.19e9),  # model card: 8.2B (8,190,735,360)
     ],
 )
 def test_preset_parameter_counts_match_the_published_sizes(preset, published):
@@ -198,6 +199,14 @@ def test_the_paper_recipe_fits_on_four_80_gib_gpus_with_zero3(monkeypatch, capsy
     assert out.rstrip().splitlines()[-1].startswith("fits (") and err == ""
     for text in ("steps_per_generation 64", "gradient_accumulation_steps 16", "57,344 bytes/token", "72 rounds"):
         assert text in out, text
+
+
+def test_the_qwen3_recipe_fits_on_four_80_gib_gpus_and_says_its_kv_cache(monkeypatch, capsys):
+    """configs/qwen3-8b.yaml with the qwen3-8b preset: Qwen3-8B's 8 kv heads x 128 x 36 layers."""
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--config", "configs/qwen3-8b.yaml", "--set", "model.path=preset:qwen3-8b",
+                             "--gpus", "4", "--gpu-memory", "80")  # fmt: skip
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1].startswith("fits (") and "147,456 bytes/token" in out
 
 
 def test_the_paper_recipe_does_not_fit_on_four_24_gib_gpus(monkeypatch, capsys):

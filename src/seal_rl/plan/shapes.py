@@ -87,6 +87,10 @@ PRESETS: dict[str, ModelShape] = {
     "qwen2.5-0.5b": ModelShape(hidden_size=896, num_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
                                intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, qkv_bias=True,
                                max_position_embeddings=32768),
+    # config.json of Qwen/Qwen3-8B (its per-head q/k norms, 9,216 parameters, are not counted)
+    "qwen3-8b": ModelShape(hidden_size=4096, num_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                           intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False,
+                           max_position_embeddings=40960),
     # config.json of meta-llama/Llama-3.1-8B-Instruct
     "llama3.1-8b": ModelShape(hidden_size=4096, num_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                               intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False,
