@@ -134,9 +134,9 @@ class ChatTokens:
 
         ``chat_template`` prompt mode gives the tools to the template only; a template without
         tools support (SmolLM2's plain ChatML) drops them, so the model never sees a tool name. A
-        warning, not an error: the episodes stay well defined and token-exact (replaying, scoring
-        and measuring such a model is legitimate), but training or evaluating it this way is
-        almost certainly not what was meant.
+        warning, not an error, for direct use: the episodes stay well defined and token-exact
+        (replaying, scoring and measuring such a model is legitimate). ``seal train``, ``seal eval``
+        and the warm start refuse such a template before they start (:func:`episode_template`).
         """
         probe = [{"role": "user", "content": "?"}]
         with_tools = self.render(probe, generation_prompt=True)
