@@ -52,6 +52,23 @@ def test_smollm2_on_the_smoke_recipe_needs_checkpointing_on_a_24_gib_machine(smo
     assert with_checkpointing.fits and with_checkpointing.plan.training_bytes == without.remedy_bytes
 
 
+def test_vllm_on_a_cpu_takes_its_weights_and_kv_cache_space_not_a_share_of_the_ram(smollm2, monkeypatch):
+    """The CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (seal-rl sets 2 GiB), so the
+    check reserves weights + overhead + that, not vllm_gpu_memory_utilization x RAM."""
+    recipe = load_recipe(SMOKE, [f"model.path={smollm2}", CHECKPOINTING, "grpo.use_vllm=true", "generator=vllm"])
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    vllm = check_fit(recipe, Machine.cpu(24.0), num_tasks=4).plan.vllm
+    assert vllm.kv_cache == 2 * GiB and vllm.budget == vllm.weights + vllm.overhead + 2 * GiB
+    assert vllm.budget < recipe.grpo.vllm_gpu_memory_utilization * 24 * GiB
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "5")
+    assert check_fit(recipe, Machine.cpu(24.0), num_tasks=4).plan.vllm.kv_cache == 5 * GiB
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(SealError, match="VLLM_CPU_KVCACHE_SPACE must be a number of GiB"):
+        check_fit(recipe, Machine.cpu(24.0), num_tasks=4)
+    gpu = check_fit(recipe, Machine("cuda", 1, 80.0, "ddp", "1 GPU"), num_tasks=4).plan.vllm
+    assert gpu.budget == int(recipe.grpo.vllm_gpu_memory_utilization * 80 * GiB)  # a GPU: the share, as before
+
+
 @pytest.mark.parametrize("recipe", ["smoke-cpu", "learn-cpu", "demo-cpu"])
 def test_the_shipped_cpu_recipes_on_tiny_models_fit_a_small_machine(recipe):
     assert check_fit(load_recipe(recipe), Machine.cpu(8.0)).fits

@@ -36,6 +36,17 @@ if TYPE_CHECKING:
     from seal_rl.train.recipe import SealRecipe
 
 CPU_OVERHEAD_GIB = 2.0
+CPU_VLLM_KV_CACHE_GIB = 2.0
+"""the KV cache ``seal train`` and ``seal eval`` give vLLM's CPU build unless ``VLLM_CPU_KVCACHE_SPACE`` is set"""
+
+
+def cpu_vllm_kv_cache_gib(environ: Mapping[str, str]) -> float:
+    """The CPU build's KV cache in GiB: ``VLLM_CPU_KVCACHE_SPACE``, or :data:`CPU_VLLM_KV_CACHE_GIB`."""
+    value = environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    try:
+        return float(value) if value.strip() else CPU_VLLM_KV_CACHE_GIB
+    except ValueError:
+        raise SealError(f"VLLM_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}.") from None
 """host RAM each training process needs beyond the estimate: what it still imports after the check
 (transformers, TRL, datasets: about 0.3 GiB measured), the BFCL environments, transient buffers of
 generation and allocator fragmentation"""
@@ -64,7 +75,12 @@ class Machine:
 
     @property
     def assumptions(self) -> Assumptions:
-        return Assumptions() if self.device == "cuda" else Assumptions(overhead_gib=CPU_OVERHEAD_GIB)
+        """On a CPU: :data:`CPU_OVERHEAD_GIB` per process, and vLLM's CPU build takes its weights
+        and a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB (what seal-rl sets unless it is set:
+        :data:`CPU_VLLM_KV_CACHE_GIB`), not a share of the RAM."""
+        if self.device == "cuda":
+            return Assumptions()
+        return Assumptions(overhead_gib=CPU_OVERHEAD_GIB, vllm_kv_cache_gib=cpu_vllm_kv_cache_gib(os.environ))
 
 
 def host_available_bytes() -> int:

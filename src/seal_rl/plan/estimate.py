@@ -41,13 +41,17 @@ class Assumptions:
     """CUDA context, NCCL buffers and allocator fragmentation per GPU, outside any estimate"""
     vllm_overhead_gib: float = 1.5
     """vLLM's non-KV memory besides the weights: profiling activations and CUDA graphs"""
+    vllm_kv_cache_gib: float | None = None
+    """vLLM's KV cache where it is set by size rather than by share (the CPU build's
+    ``VLLM_CPU_KVCACHE_SPACE``): the engine then takes its weights, its overhead and this; None:
+    ``vllm_gpu_memory_utilization`` of the device"""
 
     def __post_init__(self) -> None:
         if min(self.peak_tflops, self.hbm_tb_per_s) <= 0 or not 0 < self.mfu <= 1 or not 0 < self.decode_efficiency <= 1:
             raise SealError("--peak-tflops and --hbm-tb-s must be positive, --mfu and --decode-efficiency in (0, 1].")
         if self.gen_tokens_per_s is not None and self.gen_tokens_per_s <= 0:
             raise SealError("--gen-tokens-per-s must be positive.")
-        if min(self.overhead_gib, self.vllm_overhead_gib) < 0:
+        if min(self.overhead_gib, self.vllm_overhead_gib, self.vllm_kv_cache_gib or 0.0) < 0:
             raise SealError("--overhead-gib and --vllm-overhead-gib must be >= 0.")
 
 
@@ -283,9 +287,13 @@ def _vllm_plan(recipe: SealRecipe, shape: ModelShape, gpus: int, gpu_memory: int
     sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
     per_rank = g.tasks_per_step * g.num_generations // gpus
     kv_heads_per_gpu = max(1, shape.num_key_value_heads // tp)  # vLLM replicates kv heads when tp > kv_heads
+    weights, overhead = math.ceil(shape.parameters / tp) * VLLM_DTYPE_BYTES, int(assumptions.vllm_overhead_gib * GiB)
+    if assumptions.vllm_kv_cache_gib is None:
+        budget = int(g.vllm_gpu_memory_utilization * gpu_memory)
+    else:  # the CPU build: a KV cache of a fixed size
+        budget = weights + overhead + int(assumptions.vllm_kv_cache_gib * GiB)
     return VLLMPlan(
-        utilization=g.vllm_gpu_memory_utilization, budget=int(g.vllm_gpu_memory_utilization * gpu_memory),
-        weights=math.ceil(shape.parameters / tp) * VLLM_DTYPE_BYTES, overhead=int(assumptions.vllm_overhead_gib * GiB),
+        utilization=g.vllm_gpu_memory_utilization, budget=budget, weights=weights, overhead=overhead,
         kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES), tensor_parallel=tp,
         kv_bytes_per_token_per_gpu=2 * shape.num_layers * kv_heads_per_gpu * shape.head_dim * VLLM_DTYPE_BYTES,
         max_model_len=sequence, concurrent_sequences=tp * min(recipe.concurrency, per_rank), longest_sequence=sequence,
