@@ -148,17 +148,18 @@ def test_the_same_seed_gives_the_same_rollouts_on_cpu(engine, tiny64):
     assert all(len(ids) == len(logprobs) > 0 for ids, logprobs in first)
 
 
+def _greedy_messages(policy: str, tasks: str, max_new_tokens: int, out: Path) -> dict[str, list[str]]:
+    """`seal eval --policy POLICY` greedily on training-split tasks: each task's assistant messages."""
+    subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", policy, "--split", "train", "--tasks", tasks,
+                    "--max-new-tokens", str(max_new_tokens), "--out", str(out)],
+                   check=True, env={**os.environ, **ENGINE_ENV}, cwd=ROOT)  # fmt: skip
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {r["task_id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in results}
+
+
 def test_seal_eval_vllm_on_cpu_matches_hf_greedy(tiny64, tmp_path):
     """`seal eval --policy vllm:DIR` with the CPU build: the same greedy messages as hf:DIR on 4 tasks."""
-    env = {**os.environ, **ENGINE_ENV}
-    runs = {}
-    for kind in ("vllm", "hf"):
-        out = tmp_path / kind
-        subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"{kind}:{tiny64}", "--split", "train",
-                        "--tasks", EVAL_TASKS, "--max-new-tokens", "24", "--out", str(out)],
-                       check=True, env=env, cwd=ROOT)  # fmt: skip
-        lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-        runs[kind] = {r["task_id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in lines}
+    runs = {kind: _greedy_messages(f"{kind}:{tiny64}", EVAL_TASKS, 24, tmp_path / kind) for kind in ("vllm", "hf")}
     assert len(runs["hf"]) == 4 and all(runs["hf"].values())
     assert runs["vllm"] == runs["hf"]
 
@@ -258,13 +259,6 @@ def test_learn_cpu_with_vllm_learns_and_its_model_decodes_as_hf(tmp_path):
     assert all(0 < r["rollout/reward_mean"] for r in rollouts) and min(r["rollout/groups_zero_variance"] for r in rollouts) < 1
     assert all(r["time/seconds"]["weight_sync"] > 0 for r in rollouts)  # the engine generated, after a sync each round
 
-    runs = {}
-    for kind in ("vllm", "hf"):
-        eval_out = tmp_path / kind
-        subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"{kind}:{out / 'model'}", "--split", "train",
-                        "--tasks", LEARN_TASKS, "--max-new-tokens", "128", "--out", str(eval_out)],
-                       check=True, env=env, cwd=ROOT)  # fmt: skip
-        results = [json.loads(line) for line in (eval_out / "results.jsonl").read_text().splitlines()]
-        runs[kind] = {r["task_id"]: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for r in results}
+    runs = {kind: _greedy_messages(f"{kind}:{out / 'model'}", LEARN_TASKS, 128, tmp_path / kind) for kind in ("vllm", "hf")}
     assert len(runs["hf"]) == 4 and all(runs["hf"].values())
     assert runs["vllm"] == runs["hf"]

@@ -76,9 +76,10 @@ def _specials(tokenizer: Any) -> list[str]:
 def _equal_to_rendering(decoded: str, rendered: str, specials: list[str]) -> bool:
     """The sample is the rendering, up to how a last message ends (an end-of-message token the
     template writes only after the last message, or writes differently there, and whitespace)."""
-    if not rendered.startswith(_strip_end(decoded, specials)):
+    sample = _strip_end(decoded, specials)
+    if not rendered.startswith(sample):
         return False
-    rest = rendered[len(_strip_end(decoded, specials)) :]
+    rest = rendered[len(sample) :]
     for special in specials:
         rest = rest.replace(special, "")
     return rest.strip() == ""

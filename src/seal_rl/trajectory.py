@@ -29,6 +29,11 @@ from seal_rl.reasoning import THINK_CLOSE, THINK_OPEN, split_reasoning
 
 Message = dict[str, Any]
 _MARK = "\u2063SEAL\u2063"  # an invisible marker no model writes, to find where a message's content ends
+NOT_PREFIX_STABLE = (
+    "The chat template is not prefix-stable: rendering more messages changed earlier text, so generated tokens "
+    "cannot be kept exact, and TRL ships no prefix-preserving variant of it. Use a template that only appends "
+    "(Qwen2.5, Llama 3); `seal templates check MODEL` says which modes work."
+)
 
 
 @dataclass
@@ -165,11 +170,7 @@ class ChatTokens:
         message = prompt_opener(prompt) + text + _MARK  # the model's message continues the prompt's reasoning block
         extended = self.render([*before, {"role": "assistant", "content": message}, *observation], generation_prompt=True)
         if _MARK not in extended or not extended.startswith(prompt):
-            raise SealError(
-                "The chat template is not prefix-stable: rendering more messages changed earlier text, so "
-                "generated tokens cannot be kept exact, and TRL ships no training variant of it. Use a template "
-                "that only appends (Qwen2.5, Llama 3); `seal templates check MODEL` says which modes work."
-            )
+            raise SealError(NOT_PREFIX_STABLE)
         following = extended[extended.rindex(_MARK) + len(_MARK) :]
         if generated and generated[-1] in self.eos_ids:  # the model wrote the end-of-message itself
             eos_text = self.tokenizer.decode([generated[-1]])
@@ -316,8 +317,4 @@ def episode_template(tokenizer: Any, prompt_mode: str) -> tuple[str | None, str 
                           "are rendered with TRL's prefix-preserving training variant of it "
                           "(trl.chat_template_utils.get_training_chat_template): the model sees its history as "
                           "it wrote it.")  # fmt: skip
-    raise SealError(
-        "The chat template is not prefix-stable: rendering more messages changed earlier text, so generated tokens "
-        "cannot be kept exact, and TRL ships no prefix-preserving variant of it. Use a template that only appends "
-        "(Qwen2.5, Llama 3); `seal templates check MODEL` says which modes work."
-    )
+    raise SealError(NOT_PREFIX_STABLE)

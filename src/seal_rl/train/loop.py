@@ -122,6 +122,14 @@ class SealLoop:
         self._round_started = time.perf_counter()
         self.validation = list(validation)
         self.best_validation = _best_validation(out)
+        self._chat: ChatTokens | None = None
+
+    def chat(self, trainer: Any) -> ChatTokens:
+        """The episodes' renderer, resolved once per run: the template check (and its note on TRL's
+        training variant) runs at the first rollout or validation, not every round."""
+        if self._chat is None:
+            self._chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode)
+        return self._chat
 
     # validation (greedy, strict, interface removed) -------------------------------------------
 
@@ -141,7 +149,7 @@ class SealLoop:
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
-            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode),
+            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=self.chat(trainer),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
         generator.close()
@@ -183,7 +191,7 @@ class SealLoop:
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
                               catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
         generator = self._generator(trainer)
-        chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode)
+        chat = self.chat(trainer)
         episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
         stats = DriverStats()
         with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
