@@ -30,14 +30,16 @@ from seal_rl.trajectory import ChatTokens, episode_template
 ROOT = Path(__file__).resolve().parents[1]
 # Special tokens as templates write them: <|im_start|>, <｜User｜> (DeepSeek's full-width bars),
 # <start_of_turn>, Gemma 4's <|turn> / <turn|>, GLM's [gMASK] and <sop>, <think>, <tool_call>.
-SPECIAL = re.compile(r"<\|[^|>\s]{1,40}\|>|<｜[^｜]{1,40}｜>|<(?:start|end)_of_turn>|<turn\|>|<\|turn>|</?think>|\[/?INST\]"
+SPECIAL = re.compile(r"<\|[^|>\s]{1,40}\|>|<\|[a-z_]{1,20}>|<[a-z_]{1,20}\|>|<｜[^｜]{1,40}｜>|<(?:start|end)_of_turn>|<turn\|>|<\|turn>|</?think>|\[/?INST\]"
                      r"|</?tool_call>|\[gMASK\]|<sop>|<bos>|<eos>")  # fmt: skip
 BOS = ("<|begin_of_text|>", "<｜begin▁of▁sentence｜>", "<bos>", "<|startoftext|>")
-# The families the issue asks to work in some mode for training (gpt-oss is not among them yet:
-# its harmony channels need native parsing, see docs/models.md).
+# The families the issue asks to work in some mode for training, and those whose own tool calls
+# (call_format native: parsed by transformers' response templates through TRL) must work.
 MUST_WORK = ("qwen2_5", "qwen3", "qwen3_instruct_2507", "qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "llama3_1",
-             "llama3_2", "gemma3", "phi3_5", "deepseek_r1_distill", "glm4moe", "lfm2")  # fmt: skip
-FIXES = ("prompt_mode: bfcl_qwen_fc", "no prompt mode works", "Use a template that only appends")
+             "llama3_2", "gptoss", "gemma3", "phi3_5", "deepseek_r1_distill", "glm4moe", "lfm2")  # fmt: skip
+NATIVE_WORKS = ("qwen2_5", "qwen3", "qwen3_5_think", "qwen3_6", "llama3_1", "llama3_2", "gptoss", "glm4moe", "gemma4",
+                "gemma4_v2", "lfm2_2_5")  # fmt: skip
+FIXES = ("prompt_mode: bfcl_qwen_fc", "no prompt mode works", "Use a template that only appends", "call_format: hermes")
 
 
 def family_tokenizer(base, name: str):
@@ -103,6 +105,10 @@ def test_the_families_people_train_work_in_some_mode(reports):
     assert all(works.values()), {n: w for n, w in works.items() if not w}
     # Qwen2.5 works everywhere with its own template; Qwen3's rewrites history, so TRL's training variant is used
     assert len(works["qwen2_5"]) == len(MODES)
+    native = {name: next(m for m in reports[name]["modes"] if m["call_format"] == "native") for name in NATIVE_WORKS}
+    assert all(m["works"] for m in native.values()), {n: m["reason"] for n, m in native.items() if not m["works"]}
+    # gpt-oss drops past analysis however it is rendered: the episode keeps it as generated, and says so
+    assert native["gptoss"]["forgets_reasoning"] is True and native["qwen3"]["forgets_reasoning"] is False
     assert {m["template"] for m in reports["qwen3"]["modes"] if m["works"]} == {"trl_training"}
     assert {m["template"] for m in reports["qwen2_5"]["modes"]} == {"own"}
 
@@ -158,6 +164,55 @@ def test_a_call_inside_reasoning_is_not_made(task_set):
     assert [m["content"] for m in env.messages if m["role"] == "assistant"] == [thought]  # the conversation keeps it all
 
 
+HARMONY_PROMPT_END = "<|start|>assistant"
+
+
+@pytest.mark.parametrize(
+    ("name", "written"),
+    [
+        ("gptoss", '<|channel|>analysis<|message|>Maybe <tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call> first.<|end|>'
+                   '<|start|>assistant to=functions.cd<|channel|>commentary json<|message|>{"folder": "document"}<|call|>'),
+        ("qwen3", '<think>\nMaybe <tool_call>\n{"name": "ls", "arguments": {}}\n</think>\n\n'
+                  '<tool_call>\n{"name": "cd", "arguments": {"folder": "document"}}\n</tool_call><|im_end|>'),
+    ],
+)
+def test_native_calls_are_parsed_from_the_models_own_format_and_reasoning_is_not_a_call(name, written, base_tokenizer, task_set):
+    """A model message in its family's own format (gpt-oss harmony: analysis, then a call on the
+    commentary channel; Qwen3: <think>, then <tool_call>) becomes a structured message: the call
+    executes, the call-shaped text inside the reasoning does not, the reasoning is kept in its
+    field, and the text after the message is what the template writes there."""
+    from seal_rl.env import BfclEnv, EnvConfig
+
+    tokenizer = family_tokenizer(base_tokenizer, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SealWarning)
+        chat = ChatTokens.for_episodes(tokenizer, "chat_template", "native")
+    env = BfclEnv(EnvConfig(prompt_mode="chat_template", call_format="native"))
+    opening, info = env.reset(task_set.get("multi_turn_base_0"))
+    chat.tools = info["tools"]
+    trajectory = chat.start(opening)
+    generated = chat.encode(written)
+    message = chat.response(generated, trajectory.prompt_ids, info["tools"])
+    observation, *_ = env.step(message)
+    assert [(e.name, e.arguments, e.accepted) for e in env.trace] == [("cd", {"folder": "document"}, True)]
+    kept = env.messages[len(opening)]
+    assert kept["tool_calls"][0]["function"] == {"name": "cd", "arguments": {"folder": "document"}}
+    assert "ls" in kept.get("thinking", kept.get("reasoning_content", ""))
+    assert observation[0]["role"] == "tool" and observation[0]["tool_call_id"] == kept["tool_calls"][0]["id"]
+    following = \
+        tokenizer.decode(chat.continuation(opening, kept, generated, observation), skip_special_tokens=False)
+    rendered = chat.render([*opening, kept, *observation], generation_prompt=True)
+    sample = tokenizer.decode(trajectory.prompt_ids + generated, skip_special_tokens=False) + following
+    assert sample == rendered  # the model wrote the template's rendering, so the sample is exactly it
+
+
+def test_native_needs_a_response_parser_and_the_chat_template_mode(base_tokenizer):
+    with pytest.raises(SealError, match="call_format: hermes"):
+        ChatTokens.for_episodes(family_tokenizer(base_tokenizer, "phi3_5"), "chat_template", "native")
+    with pytest.raises(SealError, match="prompt_mode chat_template"):
+        episode_template(family_tokenizer(base_tokenizer, "qwen2_5"), "bfcl_qwen_fc", native=True)
+
+
 def _save(tokenizer, path: Path) -> Path:
     tokenizer.save_pretrained(path)
     return path
@@ -174,7 +229,9 @@ def test_seal_templates_check_contract(base_tokenizer, tmp_path):
     assert all({"mode", "works", "reason"} <= set(m) for m in report["modes"])
     none = subprocess.run([*run, str(gemma), "--json"], capture_output=True, text=True, cwd=ROOT)
     assert none.returncode == 1 and json.loads(none.stdout)["works"] is False
-    assert all("System role not supported" in m["reason"] for m in json.loads(none.stdout)["modes"])
+    reasons = {m["call_format"]: m["reason"] for m in json.loads(none.stdout)["modes"] if m["mode"] == "chat_template"}
+    assert "System role not supported" in reasons.pop("hermes") and "no response parser" not in reasons
+    assert "call_format: hermes" in reasons["native"]  # nor can its own calls be read
     table = subprocess.run([*run, str(qwen3)], capture_output=True, text=True, cwd=ROOT)
     assert table.returncode == 0 and "training variant" in table.stdout and "works with seal-rl" in table.stdout
     bad = subprocess.run([*run, str(tmp_path / "nowhere")], capture_output=True, text=True, cwd=ROOT)

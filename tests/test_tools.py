@@ -126,6 +126,7 @@ DEEP_TEXTS = {
     "hermes": '<tool_call>{"name": "cd", "arguments": {"folder": ' + DEEP + "}}</tool_call>",
     "pythonic": "[cd(folder=" + DEEP + ")]",
     "json": '{"name": "cd", "parameters": {"folder": ' + DEEP + "}}",
+    "native": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "cd", "arguments": '{"folder": ' + DEEP + "}"}}]},
 }
 
 
@@ -217,3 +218,37 @@ def test_tool_spec_renames_dotted_names_and_maps_dict_to_object():
     spec = tool_spec({"name": "a.b", "description": "d", "parameters": {"type": "dict", "properties": {}, "required": []}})
     assert spec == {"type": "function", "function": {"name": "a_b", "description": "d",
                     "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
+
+
+# -- native: structured tool_calls from a tokenizer's response parser, hostile included ---------
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                     max_leaves=8)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(tool_calls=st.one_of(_JSON, st.lists(st.one_of(_JSON, st.fixed_dictionaries(
+    {"function": st.fixed_dictionaries({"name": _JSON, "arguments": st.one_of(_JSON, st.text(max_size=20))})})), max_size=3)))
+def test_structured_calls_never_raise_and_only_give_json_calls(tool_calls):
+    """Whatever a response parser returns, structured_calls gives calls with a non-empty name and
+    finite JSON arguments, or an error; never both, never an exception."""
+    from seal_rl.tools import structured_calls
+
+    parsed = structured_calls(tool_calls)
+    assert parsed.error is None or not parsed.calls
+    for call in parsed.calls:
+        assert isinstance(call.name, str) and call.name and isinstance(call.arguments, dict)
+        assert "NaN" not in json.dumps(call.arguments) and "Infinity" not in json.dumps(call.arguments)
+
+
+def test_structured_calls_read_openai_and_flat_shapes_and_json_string_arguments():
+    from seal_rl.tools import structured_calls
+
+    openai = [{"id": "c1", "type": "function", "function": {"name": "cd", "arguments": '{"folder": "a"}'}}]
+    flat = [{"name": "ls", "arguments": {"a": True}}, {"name": "pwd"}]
+    assert structured_calls(openai).calls == (ToolCall("cd", {"folder": "a"}),)
+    assert structured_calls(flat).calls == (ToolCall("ls", {"a": True}), ToolCall("pwd", {}))
+    assert structured_calls(None).calls == () and structured_calls(None).error is None
+    assert "must be a list" in structured_calls({"name": "cd"}).error
+    assert "invalid JSON" in structured_calls([{"function": {"name": "cd", "arguments": "{"}}]).error

@@ -116,7 +116,7 @@ def count_within_budgets(
     ``tokenizer``; return per-category counts of the ground truths within budgets (see the module
     docstring for what ends the others). Pure: nothing is written, no model is loaded."""
     began = time.perf_counter()
-    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode)
+    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos_token")
     catalog = ToolCatalog()

@@ -8,6 +8,7 @@ reference's (SEAL_METHOD.md §5); see the :class:`BfclEnv` docstring.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate
 from seal_rl.protocol import Decoded, check_protocol, decode
 from seal_rl.reasoning import answer
 from seal_rl.tasks import Task
-from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format
+from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format, structured_calls
 from seal_rl.verify import Verdict, verify
 
 ERROR_KINDS: tuple[str, ...] = ("parse", "unknown_tool", "schema", "execution")
+REASONING_FIELDS = ("reasoning_content", "thinking")
+"""where structured messages carry reasoning (Qwen3/GLM templates read the first, gpt-oss the second)"""
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class EnvConfig:
     """``seal`` (the SEAL reference's loop; training) or ``bfcl`` (the official ``bfcl generate``
     loop; what ``seal eval`` uses by default) — see :mod:`seal_rl.protocol`"""
     call_format: str = "hermes"
-    """how the agent writes tool calls: ``hermes`` | ``pythonic`` | ``json`` (see seal_rl.tools)"""
+    """how the agent writes tool calls: ``hermes`` | ``pythonic`` | ``json`` | ``native`` (the model's own,
+    ``chat_template`` mode only; see seal_rl.tools)"""
     prompt_mode: str = "bfcl_qwen_fc"
     """``bfcl_qwen_fc`` (tools in a Qwen-style system block) or ``chat_template`` (see seal_rl.interface)"""
     max_model_calls: int = 20
@@ -61,7 +65,8 @@ class EnvConfig:
         check_protocol(self.protocol)
         Interface(self.prompt_mode, call_format=self.call_format, protocol=self.protocol)
         if self.protocol == "bfcl" and self.call_format == "json":
-            raise SealError("The bfcl protocol decodes the hermes and pythonic call formats; use one of them.")
+            raise SealError("The bfcl protocol decodes the hermes and pythonic call formats (and takes native calls "
+                            "structured); use one of them.")
         if self.prompt_mode == "bfcl_qwen_fc" and self.call_format != "hermes":
             raise SealError(
                 f"Prompt mode 'bfcl_qwen_fc' asks for <tool_call> blocks (the hermes format), but "
@@ -125,7 +130,8 @@ class BfclEnv:
     travel, ...). Backends are fresh per episode and private to it.
 
     ## Action Space
-    One raw assistant message (``str`` or ``bytes``), in the configured call format.
+    One raw assistant message (``str`` or ``bytes``), in the configured call format; with the
+    ``native`` format, an assistant message dict whose calls are structured ``tool_calls``.
 
     ## Observation Space
     A list of new chat messages (``{"role", "content"}`` dicts): after ``reset``, the opening
@@ -237,9 +243,10 @@ class BfclEnv:
         return self.end_reason is not None
 
     def step(
-        self, action: str | bytes, *, end_turn: bool | None = None
+        self, action: str | bytes | Mapping[str, Any], *, end_turn: bool | None = None
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Feed one assistant message.
+        """Feed one assistant message: its text, or (``native`` call format) a structured assistant
+        message with ``tool_calls``, as a tokenizer's response parser gives it.
 
         ``end_turn`` (``bfcl`` protocol only) replays a recorded turn boundary, as
         ``seal eval --policy bfcl-result:`` does: True ends the user turn after this message
@@ -261,16 +268,16 @@ class BfclEnv:
             raise RuntimeError("step() called outside an episode; call env.reset(task) first.")
         if end_turn is not None and self.config.protocol != "bfcl":
             raise ValueError("end_turn replays recorded turn boundaries; it needs the bfcl protocol.")
-        text = _clean_text(action)
         step = self.model_calls
         self.model_calls += 1
-        self.messages.append({"role": "assistant", "content": text})
+        message, parsed = self._read(action, step)
+        self.messages.append(message)
         info: dict[str, Any] = {"turn": self.turn, "step": step}
-
+        ids = [call["id"] for call in message.get("tool_calls", ())]
         if self.config.protocol == "bfcl":
-            observation, info["event"], ending = self._bfcl_step(text, step, info, end_turn)
+            observation, info["event"], ending = self._bfcl_step(parsed, ids, step, info, end_turn)
         else:
-            observation, info["event"], ending = self._seal_step(text, step, info)
+            observation, info["event"], ending = self._seal_step(parsed, ids, step, info)
         self.steps.append({"turn": info["turn"], "event": info["event"]})
         self.messages.extend(observation)
         if not self.done and self._limit_reached is not None:
@@ -284,10 +291,10 @@ class BfclEnv:
         terminated = self.end_reason == "completed"
         return observation, reward, terminated, self.done and not terminated, info
 
-    def _seal_step(self, text: str, step: int, info: dict[str, Any]) -> tuple[list[Message], str, str | None]:
+    def _seal_step(self, parsed: ParsedMessage | Decoded, ids: list[str], step: int,
+                   info: dict[str, Any]) -> tuple[list[Message], str, str | None]:  # fmt: skip
         """The SEAL reference's step: unreadable messages and unavailable tools are rejected with an
         error observation; 20 model calls per episode."""
-        parsed = self._parse(text)
         unavailable = [c.name for c in parsed.calls if c.name not in self._schemas]
         if parsed.error is not None:
             self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=parsed.error))
@@ -296,23 +303,22 @@ class BfclEnv:
         elif unavailable:
             observation, event = self._reject_unavailable(step, parsed.calls, unavailable), "rejected"
         elif parsed.calls:
-            observation, event = self._execute(step, parsed.calls), "tool_results"
+            observation, event = self._execute(step, parsed.calls, ids), "tool_results"
         else:
             observation, event = self._end_turn(info)
         out_of_calls = not self.done and self.model_calls >= self.config.max_model_calls
         return observation, event, "max_model_calls" if out_of_calls else None
 
     def _bfcl_step(
-        self, text: str, step: int, info: dict[str, Any], end_turn: bool | None
+        self, decoded: ParsedMessage | Decoded, ids: list[str], step: int, info: dict[str, Any], end_turn: bool | None
     ) -> tuple[list[Message], str, str | None]:
         """The official loop's step (``inference_multi_turn_prompting``): decode; no call or an
         error ends the turn silently; calls execute by name; more than ``max_steps_per_turn``
         executing steps in a turn force-terminate the episode."""
-        decoded = self._parse(text)
         if decoded.error is not None:
             self.trace.append(TraceEntry(self.turn, step, None, None, False, error_kind="parse", error=decoded.error))
         if decoded.calls:
-            observation = self._execute(step, decoded.calls)
+            observation = self._execute(step, decoded.calls, ids)
             self.turn_steps += 1
             if end_turn:
                 following, event = self._end_turn(info)
@@ -377,6 +383,42 @@ class BfclEnv:
         reason = f"no tool named {', '.join(repr(n) for n in names)} is available. Nothing was executed."
         return self.interface.rejection(Rejection(reason, names), list(self._docs.values()))
 
+    def _read(self, action: str | bytes | Mapping[str, Any], step: int) -> tuple[Message, ParsedMessage | Decoded]:
+        """The assistant message as the conversation keeps it, and its calls under the protocol.
+
+        A structured message (``native`` format: ``content``, optional ``reasoning_content`` /
+        ``thinking``, ``tool_calls``) keeps its valid calls as ``tool_calls`` (each with an id, for
+        the ``tool`` messages that answer it); its text is read in the call format like a plain
+        message. Both protocols take structured calls as BFCL's FC handlers do (calls by name,
+        arguments an object or a JSON string)."""
+        if not isinstance(action, Mapping):
+            text = _clean_text(action)
+            return {"role": "assistant", "content": text}, self._parse(text)
+        text = _clean_text(action["content"]) if isinstance(action.get("content"), (str, bytes)) else ""
+        message: Message = {"role": "assistant", "content": text}
+        for key in REASONING_FIELDS:
+            if isinstance(action.get(key), (str, bytes)):
+                message[key] = _clean_text(action[key])
+        tool_calls = action.get("tool_calls")
+        if tool_calls is None:
+            return message, self._parse(text)
+        try:
+            size = len(text) + len(json.dumps(tool_calls, ensure_ascii=False, default=str))
+        except (ValueError, TypeError, RecursionError):
+            size = self.config.max_message_chars + 1
+        if size > self.config.max_message_chars:
+            return message, ParsedMessage(error=f"message of {size} characters exceeds the limit of {self.config.max_message_chars}")
+        parsed = structured_calls(tool_calls)
+        if len(parsed.calls) > self.config.max_calls_per_message:
+            return message, ParsedMessage(error=f"message with {len(parsed.calls)} tool calls exceeds the limit of "
+                                                f"{self.config.max_calls_per_message} calls per message")  # fmt: skip
+        if parsed.calls:
+            given = [c.get("id") if isinstance(c, dict) else None for c in tool_calls]
+            message["tool_calls"] = [{"id": _clean_text(i)[:64] if isinstance(i, str) and i else f"call_{step}_{n}",
+                                      "type": "function", "function": call.to_json()}
+                                     for n, (call, i) in enumerate(zip(parsed.calls, given))]  # fmt: skip
+        return message, parsed
+
     def _parse(self, text: str) -> ParsedMessage | Decoded:
         """The message's calls under the protocol (seal-rl's parser, or the official decoder for
         ``bfcl``), or why it is refused whole: too long, unreadable, or too many calls. Reasoning
@@ -384,13 +426,14 @@ class BfclEnv:
         if len(text) > self.config.max_message_chars:
             return ParsedMessage(error=f"message of {len(text)} characters exceeds the limit of {self.config.max_message_chars}")
         text = answer(text)
-        parsed = decode(text, self.config.call_format) if self.config.protocol == "bfcl" else self.format.parse(text)
+        official = self.config.protocol == "bfcl" and self.config.call_format != "native"  # FC: calls come structured
+        parsed = decode(text, self.config.call_format) if official else self.format.parse(text)
         if len(parsed.calls) > self.config.max_calls_per_message:
             return ParsedMessage(error=f"message with {len(parsed.calls)} tool calls exceeds the limit of "
                                        f"{self.config.max_calls_per_message} calls per message")  # fmt: skip
         return parsed
 
-    def _execute(self, step: int, calls: Sequence[ToolCall]) -> list[Message]:
+    def _execute(self, step: int, calls: Sequence[ToolCall], ids: Sequence[str] = ()) -> list[Message]:
         """Run the calls in order within the step's wall time (``step_timeout_s``), cutting each
         result to ``max_result_chars`` and counting them against ``observation_budget_chars``.
 
@@ -437,7 +480,7 @@ class BfclEnv:
         if self._limit_reached is None and self.observation_chars > config.observation_budget_chars:
             self._limit_reached = "observation_budget"
         self.calls_by_turn[self.turn].append(completed)
-        return self.interface.tool_results(results, list(self._docs.values()))
+        return self.interface.tool_results(results, list(self._docs.values()), ids)
 
     def _finish(self, reason: str) -> None:
         self.end_reason = reason

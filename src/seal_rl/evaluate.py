@@ -159,14 +159,14 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
     if isinstance(policy, VLLMPolicy):
         generator = VLLMEngineGenerator(str(policy.path), temperature=settings.temperature, top_p=settings.top_p,
                                         seed=settings.seed)  # fmt: skip
-        return generator, ChatTokens.for_episodes(generator.tokenizer, env_config.prompt_mode), budgets
+        return generator, ChatTokens.for_episodes(generator.tokenizer, env_config.prompt_mode, env_config.call_format), budgets
     if isinstance(policy, ModelPolicy):
         if settings.prefix_cache_tokens < 0:
             raise SealError(f"--prefix-cache-tokens must be >= 0 (0 turns the cache off); got {settings.prefix_cache_tokens}.")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(policy.path)
-        chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode)  # refuses an unusable template before the weights load
+        chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)  # refuses an unusable template before the weights load
         model = AutoModelForCausalLM.from_pretrained(policy.path)
         model.eval()
         generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p,

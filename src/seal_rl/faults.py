@@ -128,9 +128,11 @@ def _changed_value(value: Any, rng: random.Random) -> Any:
     return "changed"
 
 
-def _malformed(calls: Sequence[ToolCall], fmt: CallFormat) -> str:
+def _malformed(calls: Sequence[ToolCall], fmt: CallFormat) -> str | dict[str, Any]:
     """The calls rendered with their markup broken so that the format cannot parse them."""
     text = fmt.render(calls)
+    if fmt.name == "native":  # structured calls whose arguments are not JSON
+        return {**text, "tool_calls": [{**c, "function": {**c["function"], "arguments": "{"}} for c in text["tool_calls"]]}
     if fmt.name == "hermes":
         return text.replace("}\n</tool_call>", "\n</tool_call>", 1)
     return text[:-1]  # pythonic loses its closing bracket, json its closing brace/bracket
@@ -242,6 +244,8 @@ def oracle_transcript(
             turn_messages, fault = faulty_turn(kind, index, calls, later, available, docs, fmt, rng)
             messages += turn_messages
             faults.append(fault)
+        elif calls and fmt.name == "native":  # one structured call per message: gpt-oss and Llama 3.1 write no parallel calls
+            messages += [fmt.render([call]) for call in calls] + [TURN_DONE]
         elif calls:
             messages += [fmt.render(list(calls)), TURN_DONE]
         else:

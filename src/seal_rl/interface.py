@@ -78,6 +78,7 @@ CALL_SKELETONS: Mapping[str, str] = {
     "hermes": '<tool_call>\n{"name": <tool name>, "arguments": {<parameter>: <value>, ...}}\n</tool_call>',
     "pythonic": "[<tool name>(<parameter>=<value>, ...), ...]",
     "json": '{"name": <tool name>, "parameters": {<parameter>: <value>, ...}}',
+    "native": "a tool call in your own tool-call syntax, naming the tool and its arguments",
 }
 
 GUIDELINES: Mapping[str, str] = {
@@ -425,11 +426,16 @@ class Interface:
             content += "\n\n" + tool_list_note(available)
         return [{"role": "user", "content": content}]
 
-    def tool_results(self, results: Sequence[ToolResult], available: Sequence[Mapping[str, Any]] = ()) -> list[Message]:
-        """The observation after an accepted message: one result per call, in call order."""
+    def tool_results(self, results: Sequence[ToolResult], available: Sequence[Mapping[str, Any]] = (),
+                     call_ids: Sequence[str] = ()) -> list[Message]:  # fmt: skip
+        """The observation after an accepted message: one result per call, in call order.
+        ``call_ids``: the ids of structured ``tool_calls`` (``native`` format), given back as each
+        ``tool`` message's ``tool_call_id``, the field chat templates pair results with calls by."""
         outputs = [r.output + self._tool_hints(r, available) for r in results]
         if self.prompt_mode == "chat_template":
-            return [{"role": "tool", "name": r.name, "content": out} for r, out in zip(results, outputs)]
+            ids = list(call_ids) + [None] * len(results)
+            return [{"role": "tool", "name": r.name, "content": out, **({"tool_call_id": i} if i else {})}
+                    for r, out, i in zip(results, outputs, ids)]  # fmt: skip
         blocks = "\n".join(f"<tool_response>\n{out}\n</tool_response>" for out in outputs)
         return [{"role": "user", "content": blocks}]
 

@@ -54,10 +54,11 @@ class Agent(Protocol):
 class ScriptedAgent:
     """Says pre-written messages in order, whatever it observes."""
 
-    messages: list[str]
+    messages: list[str | Message]
+    """texts, or structured assistant messages (``native`` call format)"""
     _next: int = 0
 
-    def act(self, observation: list[Message], info: dict[str, Any]) -> str | None:
+    def act(self, observation: list[Message], info: dict[str, Any]) -> str | Message | None:
         if self._next >= len(self.messages):
             return None
         self._next += 1

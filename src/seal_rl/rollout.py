@@ -274,17 +274,21 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         env.truncate("generation_error")
         return
     before = list(env.messages)
+    action: str | Message = generation.text
     if state.trajectory is not None:
+        prefix = state.trajectory.ids
         if generation.token_ids is not None:
             token_ids = generation.token_ids
             state.trajectory.add_model(token_ids, generation.logprobs)
         else:  # a text-only generator: re-encoded tokens have no sampling log-probabilities
             token_ids = chat.encode(generation.text)
             state.trajectory.add_model(token_ids)
+        if chat.native:  # the model's own tool calls, parsed into a structured message
+            action = chat.response(token_ids, prefix, env.tools)
     if generation.end_turn is None:
-        observation, _, _, _, info = env.step(generation.text)
+        observation, _, _, _, info = env.step(action)
     else:
-        observation, _, _, _, info = env.step(generation.text, end_turn=generation.end_turn)
+        observation, _, _, _, info = env.step(action, end_turn=generation.end_turn)
     state.observation, state.info = observation, info
     if state.trajectory is None:
         return
@@ -293,7 +297,8 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         if used > budgets.max_completion_tokens:
             state.trajectory.cut(budgets.max_completion_tokens)
         return
-    continuation = chat.continuation(before, env.messages[len(before)]["content"], token_ids, observation)
+    message = env.messages[len(before)]
+    continuation = chat.continuation(before, message if chat.native else message["content"], token_ids, observation)
     if used + len(continuation) >= budgets.max_completion_tokens:
         state.trajectory.cut(budgets.max_completion_tokens)
         env.truncate("completion_budget")

@@ -143,7 +143,7 @@ def _run_episodes(run_dir: Path, task_set: TaskSet) -> list[Episode]:
     for record in read_results(run_dir):
         if record.get("error"):  # a generation error is not a transcript
             continue
-        messages = [m["content"] for m in record.get("messages", []) if m.get("role") == "assistant"]
+        messages = [m if m.get("tool_calls") else m["content"] for m in record.get("messages", []) if m.get("role") == "assistant"]
         episodes.append(Episode(len(episodes) + 1, task_set.get(record["task_id"]), ScriptedAgent(messages)))
     return episodes
 
@@ -184,7 +184,7 @@ def build_samples(
     """
     if not sources:
         raise SealError("No warm-start data: give at least one source (--data oracle, --data run:DIR, ...).")
-    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode)
+    chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)
     eos = tokenizer.eos_token_id
     if eos is None:
         raise SealError("The tokenizer has no eos_token; SFT needs it to end assistant messages.")

@@ -27,8 +27,9 @@ from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, render_or_explain
 
 # The combinations a check plays: BFCL's own prompt (hermes calls in the system prompt's words)
-# and the model's template with seal-rl's three call formats.
-MODES = (("bfcl_qwen_fc", "hermes"), ("chat_template", "hermes"), ("chat_template", "json"), ("chat_template", "pythonic"))
+# and the model's template with seal-rl's three call formats and the model's own (native) calls.
+MODES = (("bfcl_qwen_fc", "hermes"), ("chat_template", "hermes"), ("chat_template", "json"), ("chat_template", "pythonic"),
+         ("chat_template", "native"))  # fmt: skip
 CHECK_TASKS = ("multi_turn_base_0", "multi_turn_miss_func_3", "multi_turn_long_context_5", "multi_turn_miss_param_7")
 VISION_TEMPLATES = ("idefics3", "llava_next", "qwen2_5_vl", "qwen3_vl", "smolvlm", "lfm2_2_5_vl")
 
@@ -67,6 +68,8 @@ class ModeReport:
     longest_prompt_tokens: int | None = None
     """the longest opening prompt of the checked tasks, in this tokenizer's tokens"""
     tools_in_prompt: bool | None = None
+    forgets_reasoning: bool | None = None
+    """``native``: the template drops past reasoning, which the episode keeps as generated"""
 
 
 def _specials(tokenizer: Any) -> list[str]:
@@ -95,11 +98,12 @@ def _strip_end(text: str, specials: list[str]) -> str:
 
 def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], task_set: TaskSet) -> ModeReport:
     """Play ``tasks``' ground truth in one mode through the sample builder (see the module docstring)."""
+    native = call_format == "native"
     try:
-        template, _ = episode_template(tokenizer, mode)
+        template, _, forgets = episode_template(tokenizer, mode, native=native)
+        chat = ChatTokens(tokenizer, chat_template=template, native=native, forgets_reasoning=forgets)
     except SealError as error:
         return ModeReport(mode, call_format, False, None, str(error))
-    chat = ChatTokens(tokenizer, chat_template=template)
     config = EnvConfig(prompt_mode=mode, call_format=call_format)
     catalog = ToolCatalog()
     interface = Interface(mode, InterfaceState.initial("vanilla"), call_format=call_format, catalog=catalog)
@@ -126,8 +130,9 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
             prompt = tokenizer.decode(rollout.trajectory.prompt_ids, skip_special_tokens=False)
             tools_shown &= all(t["function"]["name"] in prompt for t in tools)
         messages = rollout.record["messages"]
-        opener = prompt_opener(render_or_explain(tokenizer, messages[:2], tools=tools, generation_prompt=True, chat_template=template))
-        messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant" else m for m in messages]
+        if not native:  # text messages continue the reasoning block the prompt opened
+            opener = prompt_opener(render_or_explain(tokenizer, messages[:2], tools=tools, generation_prompt=True, chat_template=template))
+            messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant" else m for m in messages]
         rendered = render_or_explain(tokenizer, messages, tools=tools, generation_prompt=False, chat_template=template)
         decoded = tokenizer.decode(rollout.trajectory.ids, skip_special_tokens=False)
         if not _equal_to_rendering(decoded, rendered, specials):
@@ -142,7 +147,8 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
     if not tools_shown:
         reasons.append("the tools do not reach the prompt; use prompt_mode: bfcl_qwen_fc")
     return ModeReport(mode, call_format, not reasons, "trl_training" if template else "own", "; ".join(reasons) or None,
-                      len(rollouts), success, longest, tools_shown if mode == "chat_template" else None)  # fmt: skip
+                      len(rollouts), success, longest, tools_shown if mode == "chat_template" else None,
+                      forgets if native else None)  # fmt: skip
 
 
 def check(tokenizer: Any, task_set: TaskSet | None = None, task_ids: tuple[str, ...] = CHECK_TASKS) -> dict[str, Any]:

@@ -8,6 +8,12 @@ Formats (parse model text -> calls; render calls -> text):
   keyword literals only (never evaluated).
 * ``json`` — Llama-3 style: the whole message is ``{"name": ..., "parameters": {...}}`` or a list of
   such objects (an optional ``<|python_tag|>`` prefix and code fence are allowed).
+* ``native`` — the model's own tool calls, as its chat template writes them (Qwen/Hermes
+  ``<tool_call>``, Llama 3.1 JSON, gpt-oss harmony ``to=functions.NAME``, Gemma 4, GLM-4, ...),
+  ``chat_template`` prompt mode only. The model's tokenizer parses them
+  (:meth:`seal_rl.trajectory.ChatTokens.response`) into an assistant message with structured
+  ``tool_calls``, which the environment reads with :func:`structured_calls`; the text itself
+  holds no call.
 
 Every parser returns a :class:`ParsedMessage`; none raises on any input. A message with no call
 markup at all is plain text (it ends the user turn); markup that does not parse gives
@@ -334,7 +340,52 @@ class JsonFormat:
         return json.dumps(objects[0] if len(objects) == 1 else objects, ensure_ascii=False)
 
 
-FORMATS: Mapping[str, CallFormat] = {f.name: f for f in (HermesFormat(), PythonicFormat(), JsonFormat())}
+# -- native (structured tool_calls) -----------------------------------------------------------
+
+
+class NativeFormat:
+    """Calls as structured ``tool_calls`` of an assistant message (OpenAI's shape), the form chat
+    templates render natively and tokenizers' response parsers produce. Text is never a call."""
+
+    name = "native"
+
+    def parse(self, text: str | Mapping[str, Any]) -> ParsedMessage:
+        """Plain text: no call; a structured message: its ``tool_calls`` (:func:`structured_calls`)."""
+        if isinstance(text, Mapping):
+            parsed = structured_calls(text.get("tool_calls"))
+            content = text.get("content")
+            return ParsedMessage(parsed.calls, content.strip() if isinstance(content, str) and not parsed.error else "", parsed.error)
+        return ParsedMessage(text=text.strip())
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str | dict[str, Any]:
+        """The assistant message that makes ``calls``: a message dict with ``tool_calls`` (ids
+        ``call_0``, ``call_1``, ...), or the text alone when there is no call."""
+        if not calls:
+            return text
+        return {"role": "assistant", "content": text, "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]}  # fmt: skip
+
+
+def structured_calls(tool_calls: Any) -> ParsedMessage:
+    """The calls of an assistant message's structured ``tool_calls``: a list of
+    ``{"type": "function", "function": {"name", "arguments"}}`` (or flat ``{"name", "arguments"}``)
+    objects, arguments as an object or a JSON string. Hostile input gives ``error``, never raises."""
+    if tool_calls is None:
+        return ParsedMessage()
+    if not isinstance(tool_calls, list):
+        return ParsedMessage(error=f"tool_calls must be a list, got {type(tool_calls).__name__}")
+    try:
+        calls = []
+        for i, item in enumerate(tool_calls):
+            function = item.get("function", item) if isinstance(item, dict) else item
+            calls.append(_call_from_object(function, "arguments", f"tool call {i + 1}"))
+    except _MalformedCall as exc:
+        return ParsedMessage(error=str(exc))
+    return ParsedMessage(calls=tuple(calls))
+
+
+FORMATS: Mapping[str, CallFormat] = {f.name: f for f in (HermesFormat(), PythonicFormat(), JsonFormat(), NativeFormat())}
 
 
 def get_format(name: str) -> CallFormat:

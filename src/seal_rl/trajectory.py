@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.reasoning import THINK_CLOSE, THINK_OPEN, split_reasoning
@@ -72,37 +72,53 @@ class Trajectory:
 class ChatTokens:
     """Renders conversations to token ids with a tokenizer's chat template, token-exactly."""
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+                 *, native: bool = False, forgets_reasoning: bool = False) -> None:  # fmt: skip
         if getattr(tokenizer, "chat_template", None) is None:
             raise SealError("The tokenizer has no chat template; training and model evaluation need one.")
         self.tokenizer = tokenizer
         self.tools = tools
         self.chat_template = chat_template
         """the template episodes are rendered with; None: the tokenizer's own"""
+        self.native = native
+        """model messages are parsed into structured ``tool_calls`` (:meth:`response`; ``native`` call format)"""
+        if native:
+            ensure_response_parser(tokenizer)
+        self.forgets_reasoning = forgets_reasoning
+        """the template drops past reasoning (gpt-oss, GLM-4, Gemma 4): the text after a message is
+        taken from a rendering whose earlier messages carry no reasoning (:func:`episode_template`)"""
         self.eos_ids = _eos_ids(tokenizer)
         self._tools_checked = False
         self._opener: str | None = None
+        self._specials = sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
+        self._ends: set[str] | None = None
 
     @classmethod
-    def for_episodes(cls, tokenizer: Any, prompt_mode: str) -> ChatTokens:
+    def for_episodes(cls, tokenizer: Any, prompt_mode: str, call_format: str = "hermes") -> ChatTokens:
         """The renderer for episodes in ``prompt_mode``: the tokenizer's own template, or TRL's
         training variant of it where the own one rewrites history (said once, as a warning);
-        a template no episode can be built with is refused here (:func:`episode_template`)."""
-        template, note = episode_template(tokenizer, prompt_mode)
-        if note:
-            warnings.warn(note, SealWarning, stacklevel=2)
-        return cls(tokenizer, chat_template=template)
+        a template no episode can be built with is refused here (:func:`episode_template`).
+        ``call_format`` ``native``: model messages are parsed by the tokenizer's response parser."""
+        native = call_format == "native"
+        chosen = episode_template(tokenizer, prompt_mode, native=native)
+        if chosen.note:
+            warnings.warn(chosen.note, SealWarning, stacklevel=2)
+        return cls(tokenizer, chat_template=chosen.template, native=native, forgets_reasoning=chosen.forgets_reasoning)
 
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
         return render_or_explain(self.tokenizer, list(messages), tools=self.tools or None,
                                  generation_prompt=generation_prompt, chat_template=self.chat_template)  # fmt: skip
 
-    def as_generated(self, text: str, eos_id: int) -> tuple[str, list[int]]:
+    def as_generated(self, text: str | Message, eos_id: int) -> tuple[str, list[int]]:
         """``text`` written as a model message, for scripted transcripts: the message's text and
         token ids. The ids are the text the template puts before a message's content (Qwen3's
         training template an empty ``<think>`` block, gpt-oss its final channel's header; nothing
         for most), the text, then the end-of-message token, so that a sample decodes to the
-        template's rendering; an empty reasoning block is part of the message's text too."""
+        template's rendering; an empty reasoning block is part of the message's text too.
+        A structured message (``native`` format) is written as the template renders it, through
+        the token that ends it (:meth:`_written`)."""
+        if not isinstance(text, str):
+            return text.get("content", ""), self._written(text, eos_id)
         if self._opener is None:
             opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
             prompt = self.render(opening, generation_prompt=True)
@@ -154,28 +170,116 @@ class ChatTokens:
         )  # fmt: skip
         return True
 
-    def continuation(self, before: Sequence[Message], text: str, generated: Sequence[int], observation: Sequence[Message]) -> list[int]:
+    def response(self, token_ids: Sequence[int], prefix: Sequence[int], tools: list[dict[str, Any]] | None) -> Message:
+        """A generated message as a structured assistant message (``content``, reasoning,
+        ``tool_calls``), read by the tokenizer's response parser (TRL's ``parse_response`` over
+        transformers' response templates; arguments typed by the tools' schemas). ``prefix``: the
+        ids the message continues. A message the parser cannot read is its plain text."""
+        from trl.chat_template_utils import parse_response
+
+        try:
+            return parse_response(self.tokenizer, list(token_ids), prefix=list(prefix), tools=tools)
+        except Exception:  # noqa: BLE001 - a parser bug on hostile output must not stop the episode
+            return {"role": "assistant", "content": self.decode(token_ids)}
+
+    def continuation(self, before: Sequence[Message], message: str | Message, generated: Sequence[int],
+                     observation: Sequence[Message]) -> list[int]:  # fmt: skip
         """Token ids that follow a generated message up to the next generation prompt.
 
-        before: the conversation before the model's message; text: the message as decoded;
-        generated: its token ids as generated; observation: what the environment answered.
+        before: the conversation before the model's message; message: the message as the
+        conversation keeps it (its decoded text, or a structured message); generated: its token
+        ids as generated; observation: what the environment answered.
 
         The template renders the conversation with the message (an invisible marker after its
         text) and the observation; what follows the marker is the continuation, in the form the
         template gives a message that is *not* the last (gpt-oss ends a last message with
-        ``<|return|>``, an earlier one with ``<|end|>``). Everything before the message must render
-        as it did when the model was prompted: the template may not rewrite history.
+        ``<|return|>``, an earlier one with ``<|end|>``). A message with structured ``tool_calls``
+        has its calls after its text, so there the continuation is what the template writes after
+        the whole message (:meth:`_after_calls`). Everything before the message must render as it
+        did when the model was prompted: the template may not rewrite history.
         """
+        if self.forgets_reasoning:
+            before = [without_reasoning(m) for m in before]
         prompt = self.render(before, generation_prompt=True)
-        message = prompt_opener(prompt) + text + _MARK  # the model's message continues the prompt's reasoning block
-        extended = self.render([*before, {"role": "assistant", "content": message}, *observation], generation_prompt=True)
+        if isinstance(message, str):
+            message = {"role": "assistant", "content": prompt_opener(prompt) + message}  # continues the prompt's reasoning block
+        if message.get("tool_calls"):
+            return self.encode(self._after_calls(before, message, prompt, generated, observation))
+        marked = {**message, "content": message.get("content", "") + _MARK}
+        extended = self.render([*before, marked, *observation], generation_prompt=True)
         if _MARK not in extended or not extended.startswith(prompt):
             raise SealError(NOT_PREFIX_STABLE)
         following = extended[extended.rindex(_MARK) + len(_MARK) :]
-        if generated and generated[-1] in self.eos_ids:  # the model wrote the end-of-message itself
-            eos_text = self.tokenizer.decode([generated[-1]])
-            following = following[len(eos_text) :] if following.startswith(eos_text) else following
+        if generated and self.tokenizer.decode([generated[-1]]) in self.message_ends():
+            # the model ended the message itself: its end token stands for the template's
+            end = self._leading_special(following)
+            following = following[len(end) :] if end in self.message_ends() else following
         return self.encode(following)
+
+    def _after_calls(self, before: Sequence[Message], message: Message, prompt: str, generated: Sequence[int],
+                     observation: Sequence[Message]) -> str:  # fmt: skip
+        """What follows a message with structured calls: the rest of the template's rendering of
+        the message after what the model wrote (nothing when it wrote the rendering; else from the
+        token that ends the message), then the observation and the next generation prompt."""
+        ended = self.render([*before, message], generation_prompt=False)
+        extended = self.render([*before, message, *observation], generation_prompt=True)
+        if not (ended.startswith(prompt) and extended.startswith(ended)):
+            raise SealError(NOT_PREFIX_STABLE)
+        rendered, after = ended[len(prompt) :], extended[len(ended) :]
+        written = self.tokenizer.decode(list(generated), skip_special_tokens=False)
+        if (rendered + after).startswith(written):  # the model wrote the rendering (and maybe the stop token after it)
+            return (rendered + after)[len(written) :]
+        last = self.tokenizer.decode(list(generated[-1:]), skip_special_tokens=False)
+        if last and last == self._leading_special(after):
+            return after[len(last) :]
+        stripped = rendered.rstrip()
+        end = next((s for s in self._specials if stripped.endswith(s)), "")
+        if not end or end not in self.message_ends():
+            return after
+        tail = rendered[len(stripped) :]
+        return (tail if last in self.message_ends() else end + tail) + after
+
+    def message_ends(self) -> set[str]:
+        """The tokens that end an assistant message, as text: the end-of-sequence tokens and what
+        the template writes right after a message's content, as the last message and as an earlier
+        one (Qwen ``<|im_end|>``; gpt-oss ``<|return|>``, ``<|end|>`` and, after a call, ``<|call|>``)."""
+        if self._ends is None:
+            ends = {self.tokenizer.decode([i]) for i in self.eos_ids}
+            opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+            marked = {"role": "assistant", "content": "A" + _MARK}
+            call = {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}
+            for messages in ([*opening, marked], [*opening, marked, {"role": "user", "content": "Q2"}], [*opening, call]):
+                try:
+                    text = self.render(messages, generation_prompt=False)
+                except SealError:
+                    continue
+                after = text[text.rindex(_MARK) + len(_MARK) :] if _MARK in text else text.rstrip()[-64:]
+                special = self._leading_special(after) if _MARK in text else next((s for s in self._specials if after.endswith(s)), "")
+                ends.add(special)
+            self._ends = ends - {""}
+        return self._ends
+
+    def _leading_special(self, text: str) -> str:
+        return next((s for s in self._specials if s and text.startswith(s)), "")
+
+    def _written(self, message: Message, eos_id: int) -> list[int]:
+        """A structured message's ids as the model would write them: the template's rendering of
+        it through the token that ends it (where the rendering has none, GLM-4's calls, the one
+        the template writes next: the model stops generating on it)."""
+        opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+        prompt = self.render(opening, generation_prompt=True)
+        ended = self.render([*opening, message], generation_prompt=False)
+        if not ended.startswith(prompt):
+            raise SealError(NOT_PREFIX_STABLE)
+        rendered = ended[len(prompt) :].rstrip()
+        if next((s for s in self._specials if rendered.endswith(s)), "") in self.message_ends():
+            return self.encode(rendered)
+        results = [{"role": "tool", "name": c["function"]["name"], "tool_call_id": c.get("id"), "content": "R"}
+                   for c in message.get("tool_calls", ())]  # fmt: skip
+        extended = self.render([*opening, message, *results], generation_prompt=True)
+        following = extended[len(ended) :] if extended.startswith(ended) else ""
+        stop = self._leading_special(following)
+        return self.encode(rendered) + (self.encode(stop) if stop else [eos_id])
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
@@ -189,16 +293,29 @@ def _eos_ids(tokenizer: Any) -> set[int]:
 
 PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_x7", "description": "A probe.",
               "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}, "required": []}}}  # fmt: skip
+PROBE_CALL = {"id": "call_0", "type": "function", "function": {"name": "probe_tool_x7", "arguments": {"probe_arg": "v"}}}
 
 
-def probe_conversation(prompt_mode: str, opener: str = "") -> list[Message]:
+def probe_conversation(prompt_mode: str, opener: str = "", *, native: bool = False, reasoning: bool = True) -> list[Message]:
     """A conversation shaped as seal-rl's episodes are in ``prompt_mode``: a system message, a
     question, a message with reasoning and a call, its observation (``tool`` messages in
     ``chat_template`` mode, a ``<tool_response>`` user message in ``bfcl_qwen_fc`` mode), an
     answer, the next question, its answer.
 
     ``opener``: the reasoning the template's generation prompt opens or closes
-    (:func:`prompt_opener`); the model messages continue it, as a model would."""
+    (:func:`prompt_opener`); the model messages continue it, as a model would. ``native``: model
+    messages are structured (reasoning in ``reasoning_content`` and ``thinking``, calls in
+    ``tool_calls``), as the ``native`` call format keeps them; ``reasoning=False``: without reasoning
+    (a template whose generation prompt closes the reasoning block)."""
+    if native:
+        def reply(thought: str, text: str, calls: list[Message] | None = None) -> Message:
+            thought = thought if reasoning else ""
+            return {"role": "assistant", "content": text, **({"reasoning_content": thought, "thinking": thought} if thought else {}),
+                    **({"tool_calls": calls} if calls else {})}  # fmt: skip
+
+        return [{"role": "system", "content": "S"}, {"role": "user", "content": "Q1"}, reply("T1", "", [PROBE_CALL]),
+                {"role": "tool", "name": "probe_tool_x7", "tool_call_id": "call_0", "content": "R1"}, reply("T2", "A1"),
+                {"role": "user", "content": "Q2"}, reply("T3", "A2")]  # fmt: skip
     call = '<tool_call>\n{"name": "probe_tool_x7", "arguments": {}}\n</tool_call>'
 
     def message(reasoning: str, text: str) -> str:
@@ -273,30 +390,66 @@ def prefix_stable(render: Callable[[list[Message], bool], str], messages: Sequen
         if message["role"] != "assistant" or i + 1 == len(messages):
             continue
         following = next((j for j in range(i + 1, len(messages)) if messages[j]["role"] == "assistant"), len(messages))
+        prompt = render(messages[:i], True)
+        if message.get("tool_calls"):  # structured calls come after the text: the whole message must stay
+            ended = render(messages[: i + 1], False)
+            if not (ended.startswith(prompt) and render(messages[:following], True).startswith(ended)):
+                return False
+            continue
         marked = [*messages[:i], {**message, "content": message["content"] + _MARK}, *messages[i + 1 : following]]
         extended = render(marked, True)
-        if _MARK not in extended or not extended.startswith(render(messages[:i], True)):
+        if _MARK not in extended or not extended.startswith(prompt):
             return False
     return True
 
 
-def episode_template(tokenizer: Any, prompt_mode: str) -> tuple[str | None, str | None]:
+class EpisodeTemplate(NamedTuple):
+    """What :func:`episode_template` chose."""
+
+    template: str | None
+    """``None``: the tokenizer's own; else TRL's prefix-preserving training variant of it"""
+    note: str | None
+    """said once when a run starts, when the choice is not simply the own template"""
+    forgets_reasoning: bool = False
+    """``native`` only: the template drops past reasoning; the episode keeps it as generated"""
+
+
+def without_reasoning(message: Message) -> Message:
+    """An assistant message without its structured reasoning fields."""
+    return {k: v for k, v in message.items() if k not in ("reasoning_content", "thinking")} if message["role"] == "assistant" else message
+
+
+def episode_template(tokenizer: Any, prompt_mode: str, *, native: bool = False) -> EpisodeTemplate:
     """The template to render ``prompt_mode`` episodes with, and a note when it is not the
     tokenizer's own: ``(None, None)`` for a prefix-stable own template; ``(TRL's training
     variant, note)`` when the own one rewrites history and TRL ships a variant that does not.
-    Raises :class:`SealError` (what is wrong, what to set) when neither works or the template
-    rejects the conversation."""
+
+    ``native`` (structured messages): a template that drops past reasoning however it is
+    rendered (gpt-oss drops the analysis channel once a final answer follows, GLM-4, Gemma 4,
+    LFM2.5 at each new user turn) but is otherwise prefix-stable is used with
+    ``forgets_reasoning``: an episode's sample keeps the reasoning as generated, so later messages
+    are trained on a history that still shows it, where inference with the template would not;
+    the note says so. Raises :class:`SealError` (what is wrong, what to set) when nothing works
+    or the template rejects the conversation."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise SealError("The tokenizer has no chat template; training and model evaluation need one.")
+    if native:
+        if prompt_mode != "chat_template":
+            raise SealError("call_format native needs prompt_mode chat_template (the tools and calls are the template's).")
+        ensure_response_parser(tokenizer)
     tools = [PROBE_TOOL] if prompt_mode == "chat_template" else None
 
     def with_template(template: str | None) -> Callable[[list[Message], bool], str]:
         return lambda m, gen: render_or_explain(tokenizer, m, tools=tools, generation_prompt=gen, chat_template=template)
 
-    def works(template: str | None) -> bool:
+    def works(template: str | None, reasoning: bool = True) -> bool:
         render = with_template(template)
         opening = probe_conversation(prompt_mode)[:2]
-        return prefix_stable(render, probe_conversation(prompt_mode, prompt_opener(render(opening, True))))
+        opener = prompt_opener(render(opening, True))
+        if native:  # structured messages: the template writes the reasoning block; none where the prompt closed it
+            closed = opener.rstrip().endswith(THINK_CLOSE)
+            return prefix_stable(render, probe_conversation(prompt_mode, native=True, reasoning=reasoning and not closed))
+        return prefix_stable(render, probe_conversation(prompt_mode, opener))
 
     if prompt_mode == "chat_template" and PROBE_TOOL["function"]["name"] not in with_template(None)(probe_conversation(prompt_mode)[:2], True):
         raise SealError(
@@ -305,7 +458,7 @@ def episode_template(tokenizer: Any, prompt_mode: str) -> tuple[str | None, str 
             "which writes the tools into the system prompt itself."
         )
     if works(None):
-        return None, None
+        return EpisodeTemplate(None, None)
     from trl.chat_template_utils import get_training_chat_template
 
     try:
@@ -313,8 +466,33 @@ def episode_template(tokenizer: Any, prompt_mode: str) -> tuple[str | None, str 
     except ValueError:
         training = None
     if training is not None and works(training):
-        return training, ("This model's chat template rewrites earlier turns (e.g. drops past reasoning), so episodes "
-                          "are rendered with TRL's prefix-preserving training variant of it "
-                          "(trl.chat_template_utils.get_training_chat_template): the model sees its history as "
-                          "it wrote it.")  # fmt: skip
+        return EpisodeTemplate(training, "This model's chat template rewrites earlier turns (e.g. drops past reasoning), "
+                               "so episodes are rendered with TRL's prefix-preserving training variant of it "
+                               "(trl.chat_template_utils.get_training_chat_template): the model sees its history as "
+                               "it wrote it.")  # fmt: skip
+    for template in ([None] + [training] * (training is not None)) if native else ():
+        if works(template, reasoning=False):
+            return EpisodeTemplate(template, "This model's chat template drops past reasoning (it shows a message's "
+                                   "reasoning only until the turn moves on), and no variant of it keeps it. Each episode "
+                                   "is one sample that keeps the reasoning as generated, so later messages are trained "
+                                   "on a history that shows it, where inference with the template would not.", True)  # fmt: skip
     raise SealError(NOT_PREFIX_STABLE)
+
+
+def ensure_response_parser(tokenizer: Any) -> None:
+    """Give the tokenizer a response parser for its chat template's native tool calls, where it
+    has none: TRL's ``add_response_schema`` (transformers' response templates for Qwen2.5/3/3.5,
+    Llama 3.1/3.2, gpt-oss harmony, GLM-4, Gemma 4, LFM2.5, DeepSeek-R1-distill, Nemotron 3).
+    Raises :class:`SealError` with the fix for a template it does not know."""
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None) is not None:
+        return
+    from trl.chat_template_utils import add_response_schema
+
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:
+        raise SealError(
+            "call_format native reads the model's own tool calls with its tokenizer's response parser, and neither "
+            "the tokenizer nor TRL has one for this chat template. Use `call_format: hermes` (or json, pythonic), "
+            "which seal-rl parses itself; `seal templates check MODEL` reports every mode."
+        ) from None

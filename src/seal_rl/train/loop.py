@@ -128,7 +128,7 @@ class SealLoop:
         """The episodes' renderer, resolved once per run: the template check (and its note on TRL's
         training variant) runs at the first rollout or validation, not every round."""
         if self._chat is None:
-            self._chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode)
+            self._chat = ChatTokens.for_episodes(trainer.processing_class, self.env_config.prompt_mode, self.env_config.call_format)
         return self._chat
 
     # validation (greedy, strict, interface removed) -------------------------------------------
