@@ -188,7 +188,7 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
         layers = config["num_hidden_layers"]
         attention_bias = bool(config.get("attention_bias", False))
         biased = model_type == "gpt_oss" or (model_type in ("llama", "qwen3", "qwen3_moe") and attention_bias)
-        experts = {"gpt_oss": "num_local_experts", "qwen3_moe": "num_experts"}.get(model_type)
+        moe = model_type in ("gpt_oss", "qwen3_moe")  # Qwen3-MoE's hub configs say num_experts, transformers 5 writes both
         window = (config.get("sliding_window") or 0) if model_type == "gpt_oss" else 0
         alternating = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]  # GptOssConfig's default
         layer_types = config.get("layer_types") or alternating
@@ -206,8 +206,8 @@ def shape_from_config(config: dict, source: str = "config.json") -> ModelShape:
             mlp_bias=model_type == "gpt_oss" or (model_type == "llama" and bool(config.get("mlp_bias", False))),
             max_position_embeddings=config.get("max_position_embeddings") or 0,
             dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
-            num_experts=config[experts] if experts else 1,
-            experts_per_token=(config.get("num_experts_per_tok") or config["experts_per_token"]) if experts else 1,
+            num_experts=(config.get("num_local_experts") or config["num_experts"]) if moe else 1,
+            experts_per_token=(config.get("num_experts_per_tok") or config["experts_per_token"]) if moe else 1,
             router_bias=model_type == "gpt_oss",
             attention_sinks=model_type == "gpt_oss",
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
