@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
 from seal_rl.errors import SealError
 from seal_rl.plan import (
@@ -15,9 +15,11 @@ from seal_rl.plan import (
     Precision,
     backbone_activation_bytes,
     estimate,
+    forward_flops_per_token,
     kv_cache_bytes_per_token,
     model_shape,
     model_states,
+    shape_from_config,
 )
 from seal_rl.train import load_recipe
 
@@ -38,10 +40,70 @@ PAPER_SETTINGS = ["model.path=preset:qwen2.5-7b", "grpo.per_device_train_batch_s
         ("qwen2.5-0.5b", 0.494e9),  # 0.49B
         ("llama3.1-8b", 8.03e9),
         ("qwen3-8b", 8.19e9),  # model card: 8.2B (8,190,735,360)
+        ("gpt-oss-20b", 20.91e9),  # model card: 21B total (Table 1: 20.91B)
     ],
 )
 def test_preset_parameter_counts_match_the_published_sizes(preset, published):
     assert PRESETS[preset].parameters == pytest.approx(published, rel=0.01)
+
+
+# config.json of openai/gpt-oss-20b (the entries a shape reads, as published)
+GPT_OSS_20B_CONFIG = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+    "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088,
+    "tie_word_embeddings": False, "attention_bias": True, "max_position_embeddings": 131072, "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]},
+}  # fmt: skip
+
+
+def test_gpt_oss_20b_counts_its_published_total_and_active_parameters():
+    """Model card (OpenAI 2025, Table 1): 20.91B total, 3.61B active per token, counting the
+    unembedding but not the embedding; the hub's total is 20,914,757,184."""
+    shape = PRESETS["gpt-oss-20b"]
+    assert shape.parameters == 20_914_757_184
+    assert shape.matmul_parameters == pytest.approx(3.61e9, rel=0.01)
+    assert shape.active_parameters == shape.matmul_parameters + 201088 * 2880
+    flops = forward_flops_per_token(shape, 16384)  # compute follows the active parameters, memory the total
+    assert 2 * shape.matmul_parameters < flops < 2 * shape.matmul_parameters + 2 * 24 * 16384 * shape.q_dim
+
+
+@pytest.mark.parametrize("preset", [name for name, shape in PRESETS.items() if shape.num_experts == 1])
+def test_a_dense_model_has_every_parameter_active(preset):
+    shape = PRESETS[preset]
+    assert shape.active_parameters == shape.parameters and shape.sliding_layers == 0
+
+
+def test_shape_from_a_gpt_oss_config_is_the_preset():
+    assert shape_from_config(GPT_OSS_20B_CONFIG) == PRESETS["gpt-oss-20b"]
+    without = {k: v for k, v in GPT_OSS_20B_CONFIG.items() if k != "num_experts_per_tok"}
+    assert shape_from_config(without).experts_per_token == 4  # the older key, experts_per_token
+    with pytest.raises(SealError, match="dense layers"):
+        shape_from_config({"model_type": "qwen3_moe", "mlp_only_layers": [0]})
+
+
+def _family_configs(seed: int) -> list:
+    """Tiny Qwen3, Qwen3-MoE and gpt-oss configs (q/k norms; experts with and without biases, routers, sinks)."""
+    rng = random.Random(seed)
+    common = dict(hidden_size=16, num_hidden_layers=rng.randint(1, 3), num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=rng.choice([4, 8]), vocab_size=rng.randint(50, 400), tie_word_embeddings=rng.random() < 0.5)  # fmt: skip
+    experts = dict(num_experts_per_tok=rng.randint(1, 3))
+    return [
+        Qwen3Config(intermediate_size=rng.randint(20, 90), attention_bias=rng.random() < 0.5, **common),
+        Qwen3MoeConfig(moe_intermediate_size=rng.randint(8, 40), num_experts=rng.randint(3, 6), **experts, **common),
+        GptOssConfig(intermediate_size=rng.randint(8, 40), num_local_experts=rng.randint(3, 6), **experts, **common),
+    ]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_model_shape_of_a_qwen3_or_moe_directory_counts_what_transformers_builds(tmp_path, seed):
+    for i, config in enumerate(_family_configs(seed)):
+        config.save_pretrained(tmp_path / str(i))
+        built = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        shape = model_shape(str(tmp_path / str(i)))
+        assert shape.parameters == built, config.model_type
+        assert shape.num_experts == getattr(config, "num_local_experts", getattr(config, "num_experts", 1)), config.model_type
 
 
 def _random_configs(seed: int) -> list:
@@ -207,6 +269,17 @@ def test_the_qwen3_recipe_fits_on_four_80_gib_gpus_and_says_its_kv_cache(monkeyp
                              "--gpus", "4", "--gpu-memory", "80")  # fmt: skip
     assert code == 0, err
     assert out.rstrip().splitlines()[-1].startswith("fits (") and "147,456 bytes/token" in out
+
+
+def test_the_gpt_oss_recipe_fits_on_eight_80_gib_gpus_but_not_four(monkeypatch, capsys):
+    """configs/gpt-oss-20b.yaml with the gpt-oss-20b preset: model states of all 20.9B parameters need
+    8-way sharding; vLLM's engines span 4 GPUs (2 of gpt-oss's 8 kv heads x 64 x 24 layers each)."""
+    args = ["plan", "--config", "configs/gpt-oss-20b.yaml", "--set", "model.path=preset:gpt-oss-20b", "--gpu-memory", "80"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--gpus", "8")
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1].startswith("fits (") and "12,288 per GPU" in out and "3.61 B active" in out
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--gpus", "4")
+    assert code == 1 and out.rstrip().splitlines()[-1].startswith("does not fit: training needs")
 
 
 def test_the_paper_recipe_does_not_fit_on_four_24_gib_gpus(monkeypatch, capsys):

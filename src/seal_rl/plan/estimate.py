@@ -202,6 +202,11 @@ def estimate(
 
     memory = _training_memory(recipe, shape, p, gpus, strategy)
     notes = []
+    if shape.attention_sinks:  # transformers' gpt-oss has no SDPA path; its eager path materialises the scores
+        eager = b * shape.num_attention_heads * sequence * (sequence + 1) * p.activation_bytes
+        notes.append("attention sinks (gpt-oss): activations assume a flash-attention kernel with sinks (transformers' "
+                     "attn_implementation='kernels-community/vllm-flash-attn3'); its default eager attention keeps "
+                     f"b x heads x s x (s + 1) softmax scores per layer, {eager / GiB:.1f} GiB more at this length.")  # fmt: skip
     vllm = None
     training_budget = gpu_memory - int(assumptions.overhead_gib * GiB)
     if g.use_vllm:  # colocated: the recipe refuses server and sleep modes
@@ -338,8 +343,12 @@ def _training_tasks(recipe: SealRecipe) -> int:
 def forward_flops_per_token(shape: ModelShape, sequence: int) -> float:
     """Forward FLOPs per token: 2 per matmul parameter plus causal attention, 2·L·s·q_dim
     (Kaplan et al. 2020, Table 1: 2N + 2·n_layer·n_ctx·d_attn, with the mean causal context s/2
-    counted for both QKᵀ and AV). A backward pass costs two forwards."""
-    return 2 * shape.matmul_parameters + 2 * shape.num_layers * sequence * shape.q_dim
+    counted for both QKᵀ and AV). A backward pass costs two forwards. A Mixture-of-Experts model
+    counts its active parameters only (the routed experts), and a sliding-window layer attends to
+    at most ``sliding_window`` tokens (its mean context min(s/2, w))."""
+    full = shape.num_layers - shape.sliding_layers
+    context = full * sequence + shape.sliding_layers * min(sequence, 2 * shape.sliding_window)
+    return 2 * shape.matmul_parameters + 2 * context * shape.q_dim
 
 
 def decode_tokens_per_s(vllm: VLLMPlan, mean_context: int, assumptions: Assumptions) -> float:

@@ -129,12 +129,17 @@ def layer_activation_bytes_per_token(shape: ModelShape, a: int) -> int:
     * attention: q, k, v after RoPE (a·(q_dim + 2·kv_dim)), the attention output (a·q_dim, also
       o_proj's input) and the softmax log-sum-exp (4 per head);
     * SwiGLU MLP: gate and up outputs, SiLU output and their product (4·a·I).
+
+    A Mixture-of-Experts layer keeps the MLP's tensors once for each expert a token is routed to
+    (k·4·a·I) and the router's logits (a per expert); this part is counted from the modeling code,
+    not measured. With checkpointing only one layer's worth is ever alive.
     """
     h = shape.hidden_size
     norms = 2 * (4 * h + 4 + 2 * a * h)
     attention = a * (2 * shape.q_dim + 2 * shape.kv_dim) + 4 * shape.num_attention_heads
-    mlp = 4 * a * shape.intermediate_size
-    return norms + attention + mlp
+    mlp = shape.experts_per_token * 4 * a * shape.intermediate_size
+    router = a * shape.num_experts if shape.num_experts > 1 else 0
+    return norms + attention + mlp + router
 
 
 def backbone_activation_bytes(shape: ModelShape, sequences: int, length: int, a: int, checkpointing: bool) -> int:

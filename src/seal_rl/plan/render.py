@@ -29,7 +29,9 @@ def render(plan: Plan, budgets: str | None = None) -> str:
                 f"{plan.gpus} CPU process(es) x {plan.gpu_memory / GiB:.1f} GiB of host RAM")  # fmt: skip
     lines = [
         f"model      {plan.model}: {s.num_layers} layers, hidden {s.hidden_size}, heads {s.num_attention_heads} "
-        f"(kv {s.num_key_value_heads}), MLP {s.intermediate_size}, vocab {s.vocab_size}; Ψ = {s.parameters / 1e9:.2f} B parameters",
+        f"(kv {s.num_key_value_heads}), MLP {s.intermediate_size}, vocab {s.vocab_size}; Ψ = {s.parameters / 1e9:.2f} B parameters"
+        + (f" ({s.num_experts} experts, {s.experts_per_token} per token: {s.matmul_parameters / 1e9:.2f} B active besides the embedding)"
+           if s.num_experts > 1 else ""),
         f"hardware   {hardware}, strategy {plan.strategy}, {plan.precision.name}, "
         f"gradient checkpointing {'on' if plan.checkpointing else 'off'}",
         f"sequence   prompt {plan.prompt_tokens} + completion {plan.completion_tokens} = {plan.longest_sequence} tokens at most",
