@@ -257,20 +257,23 @@ def family_model(tiny_model_dir: Path, base_tokenizer, name: str, out: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3", "gptoss"])
-def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, tiny_model_dir, base_tokenizer, tmp_path):
+@pytest.mark.parametrize(("name", "native"), [("qwen3", False), ("gptoss", False), ("gptoss", True)])
+def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, native, tiny_model_dir, base_tokenizer, tmp_path):
     """`seal train --config smoke-cpu` (one round) and `seal eval --policy hf:DIR` exit 0 with
-    Qwen3's template (rendered through TRL's training variant) and gpt-oss's (bfcl_qwen_fc mode)."""
+    Qwen3's template (rendered through TRL's training variant) and gpt-oss's, in bfcl_qwen_fc mode
+    and with its own harmony calls (chat_template mode, call_format native)."""
     model = family_model(tiny_model_dir, base_tokenizer, name, tmp_path / name)
+    settings = ["--set", "env.prompt_mode=chat_template", "--set", "env.call_format=native"] if native else []
     trained = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(tmp_path / "run"),
-                              "--set", f"model.path={model}", "--set", "grpo.max_steps=1"],
+                              "--set", f"model.path={model}", "--set", "grpo.max_steps=1", *settings],
                              capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollout/episodes"] for m in metrics if m.get("kind") == "rollout"] == [8]
+    options = ["--format", "native", "--prompt-mode", "chat_template"] if native else []
     evaluated = subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"hf:{model}", "--split", "train",
-                                "--tasks", "multi_turn_base_105", "--max-new-tokens", "16", "--out", str(tmp_path / "eval")],
-                               capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                                "--tasks", "multi_turn_base_105", "--max-new-tokens", "16", "--out", str(tmp_path / "eval"),
+                                *options], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 1
     if name == "qwen3":

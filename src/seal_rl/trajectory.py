@@ -372,9 +372,10 @@ def render_or_explain(tokenizer: Any, messages: list[Message], *, tools: list[di
                                              tokenize=False, chat_template=chat_template)  # fmt: skip
     except TemplateError as error:
         tool_role = any(m["role"] == "tool" for m in messages)
-        fix = ("in prompt_mode chat_template tool results are `tool` messages after a plain-text assistant message, "
-               "which this template does not accept; use `prompt_mode: bfcl_qwen_fc` (recipes: env.prompt_mode, "
-               "seal eval: --prompt-mode bfcl_qwen_fc)" if tool_role else
+        fix = ("in prompt_mode chat_template tool results are `tool` messages, which this template accepts only after "
+               "structured tool calls; use `call_format: native` (the model's own calls, structured; seal eval: "
+               "--format native) or `prompt_mode: bfcl_qwen_fc` (recipes: env.prompt_mode, seal eval: "
+               "--prompt-mode bfcl_qwen_fc)" if tool_role else
                "seal-rl's episodes open with a system message and can put two user messages in a row (a question "
                "after a tool response); this template accepts neither, so no prompt mode works with it")  # fmt: skip
         raise SealError(f"The chat template rejects seal-rl's conversation ({error}): {fix}. "
