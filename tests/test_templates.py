@@ -278,3 +278,110 @@ def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, 
     assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 1
     if name == "qwen3":
         assert "training variant" in trained.stderr and "training variant" in evaluated.stderr
+
+
+def test_evaluation_prompts_are_the_models_own_rendering(base_tokenizer, task_set):
+    """Qwen3's episodes are rendered with TRL's training variant (past reasoning kept); evaluation
+    prompts each message with Qwen3's own template, which drops the reasoning of earlier turns,
+    as inference does. Training keeps prompting with the sample itself."""
+    from seal_rl.env import BfclEnv, EnvConfig
+    from seal_rl.rollout import Budgets, Generation, run_episodes
+
+    tokenizer = family_tokenizer(base_tokenizer, "qwen3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SealWarning)
+        training = ChatTokens.for_episodes(tokenizer, "bfcl_qwen_fc")
+    task = task_set.get("multi_turn_base_0")  # several user turns: a text answer moves to the next
+    answer = "<think>\nsecret plan\n</think>\n\nDone."
+
+    class Answering:
+        def __init__(self):
+            self.prompts = []
+
+        def generate(self, requests, seed):
+            self.prompts += [tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in requests]
+            return [Generation(answer, training.encode(answer) + [tokenizer.eos_token_id]) for _ in requests]
+
+    seen = {}
+    for name, chat in (("training", training), ("evaluation", training.for_inference())):
+        generator = Answering()
+        run_episodes([(1, task, {})], generator, lambda: BfclEnv(EnvConfig()), chat=chat, budgets=Budgets(10**6, 10**6, 10**4))
+        seen[name] = generator.prompts
+    assert len(seen["training"]) == len(seen["evaluation"]) == task.num_turns
+    assert "secret plan" in seen["training"][1]  # the sample keeps the first turn's reasoning
+    assert "secret plan" not in seen["evaluation"][1] and "Done." in seen["evaluation"][1]  # Qwen3 drops it
+    assert seen["training"][0] == seen["evaluation"][0]  # the opening prompt is the same
+
+
+@pytest.mark.parametrize(("name", "native"), [("qwen3", False), ("gptoss", True)])
+def test_max_thinking_tokens_cuts_a_message_still_reasoning_and_ends_the_episode(name, native, base_tokenizer, task_set):
+    """Reasoning (a <think> block; gpt-oss's analysis channel) longer than max_thinking_tokens:
+    the sample keeps the first max_thinking_tokens tokens, nothing executes, the episode ends with
+    thinking_budget. Shorter reasoning, or no cap, changes nothing."""
+    from seal_rl.env import BfclEnv, EnvConfig
+    from seal_rl.rollout import Budgets, Generation, run_episodes
+
+    tokenizer = family_tokenizer(base_tokenizer, name)
+    mode, call_format = ("chat_template", "native") if native else ("bfcl_qwen_fc", "hermes")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SealWarning)
+        chat = ChatTokens.for_episodes(tokenizer, mode, call_format)
+    thought = "list the files first then move the report " * 3
+    if native:
+        text = (f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant to=functions.cd<|channel|>commentary "
+                'json<|message|>{"folder": "document"}<|call|>')  # fmt: skip
+    else:
+        text = f'<think>\n{thought}\n</think>\n\n<tool_call>\n{{"name": "cd", "arguments": {{"folder": "document"}}}}\n</tool_call>'
+    ids = chat.encode(text) + ([] if native else [tokenizer.eos_token_id])
+    thinking = len(chat.encode(thought.strip()))
+
+    def play(cap):
+        class Once:
+            def generate(self, requests, seed):
+                return [Generation(text, ids) for _ in requests]
+
+        env = BfclEnv(EnvConfig(prompt_mode=mode, call_format=call_format, max_model_calls=1))
+        rollout, = run_episodes([(1, task_set.get("multi_turn_base_0"), {})], Once(), lambda: env, chat=chat,
+                                budgets=Budgets(10**6, 10**6, 10**4, max_thinking_tokens=cap))  # fmt: skip
+        return rollout, env
+
+    cut, env = play(thinking - 3)
+    assert cut.record["end_reason"] == "thinking_budget" and env.trace == []
+    assert cut.trajectory.completion_ids == ids[: thinking - 3] and sum(cut.trajectory.env_mask) == thinking - 3
+    for cap in (thinking + 8, 0):
+        whole, env = play(cap)
+        assert whole.record["end_reason"] == "max_model_calls" and [e.name for e in env.trace] == ["cd"]
+    with pytest.raises(SealError, match="max_thinking_tokens"):
+        Budgets(max_thinking_tokens=-1)
+
+
+def test_auto_picks_a_mode_that_works_for_each_known_family(reports, base_tokenizer):
+    """``auto`` (env.prompt_mode / env.call_format) picks per family; every pick is a mode the
+    check says works, explicit settings are kept, and unknown templates get BFCL's Qwen prompt."""
+    from seal_rl.families import DEFAULT_MODE, FAMILY_MODES, resolve_auto
+
+    auto = {"prompt_mode": "auto", "call_format": "auto", "max_model_calls": 5}
+    for name, (mode, call_format) in FAMILY_MODES.items():
+        works = {(m["mode"], m["call_format"]) for m in reports[name]["modes"] if m["works"]}
+        assert (mode, call_format) in works, (name, mode, call_format, works)
+        env, note = resolve_auto(auto, family_tokenizer(base_tokenizer, name))
+        assert (env["prompt_mode"], env["call_format"], env["max_model_calls"]) == (mode, call_format, 5)
+        assert name in note
+    assert FAMILY_MODES["gptoss"] == ("chat_template", "native") and FAMILY_MODES["qwen2_5"] == DEFAULT_MODE
+    gptoss = family_tokenizer(base_tokenizer, "gptoss")
+    assert resolve_auto({**auto, "prompt_mode": "bfcl_qwen_fc"}, gptoss)[0]["call_format"] == "hermes"  # BFCL's prompt asks for hermes
+    assert resolve_auto({**auto, "call_format": "json"}, gptoss)[0] == {**auto, "prompt_mode": "chat_template", "call_format": "json"}
+    unknown, note = resolve_auto(auto, base_tokenizer)
+    assert (unknown["prompt_mode"], unknown["call_format"]) == DEFAULT_MODE and "no known family" in note
+    assert resolve_auto({"prompt_mode": "chat_template", "call_format": "json"}, gptoss) == ({"prompt_mode": "chat_template", "call_format": "json"}, None)
+
+
+def test_auto_in_a_recipe_and_on_the_command_line(tmp_path):
+    from seal_rl.train.recipe import load_recipe
+
+    recipe = load_recipe("smoke-cpu", ["env.prompt_mode=auto", "env.call_format=auto"])  # validated without the model
+    assert recipe.env["prompt_mode"] == "auto"
+    done = subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", "oracle", "--tasks", "multi_turn_base_0",
+                           "--prompt-mode", "auto", "--format", "auto", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0 and "auto: prompt_mode bfcl_qwen_fc, call_format hermes" in done.stderr, done.stderr[-2000:]
+    assert json.loads((tmp_path / "config.json").read_text())["env"]["prompt_mode"] == "bfcl_qwen_fc"

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.families import resolve_auto
 from seal_rl.interface import Interface, InterfaceConfig, InterfaceState
 from seal_rl.policies import OraclePolicy, ScriptedAgent
 from seal_rl.rollout import Budgets, Generation, Request, run_episodes
@@ -157,4 +158,5 @@ def count_for_recipe(recipe: Any, tokenizer: Any, task_set: TaskSet, tasks: Sequ
     """:func:`count_within_budgets` for a training recipe's ``tasks`` (as ``seal train`` selects
     them): its environment, interface preset and budgets."""
     preset = InterfaceConfig(**recipe.interface).preset
-    return count_within_budgets(tasks, task_set, tokenizer, EnvConfig(**recipe.env), Budgets(**recipe.budgets), preset)
+    env, _ = resolve_auto(recipe.env, tokenizer)
+    return count_within_budgets(tasks, task_set, tokenizer, EnvConfig(**env), Budgets(**recipe.budgets), preset)

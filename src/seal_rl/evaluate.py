@@ -127,6 +127,8 @@ class ModelSettings:
     """longest model message, in tokens"""
     max_completion_tokens: int = 8192
     """all tokens after the opening prompt (token-level policies)"""
+    max_thinking_tokens: int = 0
+    """longest reasoning of one message (token-level policies; 0: no cap; see ``Budgets``)"""
     concurrency: int = 8
     """episodes played at once"""
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
@@ -141,13 +143,17 @@ class ModelSettings:
     retry_backoff: float = 1.0
     """openai: seconds before the first retry (doubling, with jitter)"""
 
+    def __post_init__(self) -> None:
+        if self.max_thinking_tokens < 0:
+            raise SealError(f"--max-thinking-tokens must be >= 0 (0: no cap), got {self.max_thinking_tokens}.")
+
 
 def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfig, episodes: Sequence[Episode]):
     """The generator that plays ``policy``, its chat tokenizer (token-level policies) and budgets."""
     if isinstance(policy, SCRIPTED):
         return ScriptedGenerator({e.index: e.agent for e in episodes}), None, Budgets()
     budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
-                      max_new_tokens=settings.max_new_tokens)  # fmt: skip
+                      max_new_tokens=settings.max_new_tokens, max_thinking_tokens=settings.max_thinking_tokens)  # fmt: skip
     if isinstance(policy, ServerPolicy):
         server = ServerSettings(
             model=policy.model, base_url=policy.url, api_key_env=settings.api_key_env, timeout=settings.timeout,
@@ -159,7 +165,8 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
     if isinstance(policy, VLLMPolicy):
         generator = VLLMEngineGenerator(str(policy.path), temperature=settings.temperature, top_p=settings.top_p,
                                         seed=settings.seed)  # fmt: skip
-        return generator, ChatTokens.for_episodes(generator.tokenizer, env_config.prompt_mode, env_config.call_format), budgets
+        chat = ChatTokens.for_episodes(generator.tokenizer, env_config.prompt_mode, env_config.call_format)
+        return generator, chat.for_inference(), budgets
     if isinstance(policy, ModelPolicy):
         if settings.prefix_cache_tokens < 0:
             raise SealError(f"--prefix-cache-tokens must be >= 0 (0 turns the cache off); got {settings.prefix_cache_tokens}.")
@@ -171,7 +178,7 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
         model.eval()
         generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p,
                                 prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
-        return generator, chat, budgets
+        return generator, chat.for_inference(), budgets
     raise SealError(f"Policy {policy.name!r} cannot be evaluated.")
 
 
@@ -262,7 +269,7 @@ def evaluate(
             generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
         else:
             budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
-                              max_new_tokens=settings.max_new_tokens)  # fmt: skip
+                              max_new_tokens=settings.max_new_tokens, max_thinking_tokens=settings.max_thinking_tokens)  # fmt: skip
         records = [{k: r.get(k) for k in ("task_id", "category", "reward", "error")} for r in done]
         finished = {r["index"] for r in done}
         todo = [e for e in episodes if e.index not in finished]

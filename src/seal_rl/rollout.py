@@ -10,8 +10,9 @@ The generators themselves (transformers, vLLM, OpenAI-compatible servers, script
 live in :mod:`seal_rl.generators`; this module holds only the driver and the types it speaks.
 
 Budgets (SEAL recipe): the opening prompt may use ``max_prompt_tokens`` (8192), everything after
-it ``max_completion_tokens`` (4096), each model call at most ``max_new_tokens``. An episode that
-runs out is truncated (``end_reason`` says which budget) and its sample cut at the budget.
+it ``max_completion_tokens`` (4096), each model call at most ``max_new_tokens``, and optionally its
+reasoning at most ``max_thinking_tokens``. An episode that runs out is truncated (``end_reason``
+says which budget) and its sample cut at the budget.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ class Budgets:
     """all tokens after the prompt: model messages, observations and template tokens"""
     max_new_tokens: int = 1024
     """longest single model message"""
+    max_thinking_tokens: int = 0
+    """longest reasoning of one model message (``<think>`` block, harmony analysis channel); a
+    message still reasoning past it is cut there and the episode ends (``thinking_budget``).
+    0: no cap beyond ``max_new_tokens``"""
 
     def __post_init__(self) -> None:
         if min(self.max_prompt_tokens, self.max_completion_tokens, self.max_new_tokens) < 1:
             raise SealError("Token budgets must be positive.")
+        if self.max_thinking_tokens < 0:
+            raise SealError(f"max_thinking_tokens must be >= 0 (0: no cap), got {self.max_thinking_tokens}.")
 
 
 @dataclass
@@ -181,11 +188,11 @@ def run_episodes(
 
     def request(state: _Active) -> Request:
         used = len(state.trajectory.completion_ids) if state.trajectory else 0
+        tools = state.env.tools if state.env.config.prompt_mode == "chat_template" else None
         return Request(
             state.index, state.task, state.env.messages, state.observation, state.info,
-            state.trajectory.ids if state.trajectory else None,
-            min(budgets.max_new_tokens, budgets.max_completion_tokens - used),
-            state.env.tools if state.env.config.prompt_mode == "chat_template" else None,
+            chat.inference_prompt(state.env.messages, tools, state.trajectory.ids) if state.trajectory else None,
+            min(budgets.max_new_tokens, budgets.max_completion_tokens - used), tools,
         )  # fmt: skip
 
     def advance(state: _Active, generation: Generation | None) -> bool:
@@ -285,6 +292,11 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
             state.trajectory.add_model(token_ids)
         if chat.native:  # the model's own tool calls, parsed into a structured message
             action = chat.response(token_ids, prefix, env.tools)
+        if budgets.max_thinking_tokens and chat.reasoning_tokens(action, prefix) > budgets.max_thinking_tokens:
+            # still reasoning at the cap: what follows it was never to be generated
+            state.trajectory.cut(len(state.trajectory.completion_ids) - len(token_ids) + budgets.max_thinking_tokens)
+            env.truncate("thinking_budget")
+            return
     if generation.end_turn is None:
         observation, _, _, _, info = env.step(action)
     else:

@@ -7,18 +7,17 @@ template's own rendering of its conversation (the template that :func:`episode_t
 the model's own, or TRL's prefix-preserving training variant where the own one rewrites history).
 Otherwise the mode is refused with the reason and the setting that fixes it.
 
-The family is the TRL 1.16 template (``trl/chat_templates/*.jinja``, read from the installed
-package) that the tokenizer's template equals, when it equals one.
+The family is the TRL 1.16 template that the tokenizer's template equals (:mod:`seal_rl.families`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
+from seal_rl.families import family, trl_templates  # noqa: F401  (re-exported: what seal templates check reports)
 from seal_rl.interface import Interface, InterfaceState
 from seal_rl.policies import OraclePolicy, ScriptedAgent
 from seal_rl.rollout import Budgets, run_episodes
@@ -31,25 +30,6 @@ from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, rend
 MODES = (("bfcl_qwen_fc", "hermes"), ("chat_template", "hermes"), ("chat_template", "json"), ("chat_template", "pythonic"),
          ("chat_template", "native"))  # fmt: skip
 CHECK_TASKS = ("multi_turn_base_0", "multi_turn_miss_func_3", "multi_turn_long_context_5", "multi_turn_miss_param_7")
-VISION_TEMPLATES = ("idefics3", "llava_next", "qwen2_5_vl", "qwen3_vl", "smolvlm", "lfm2_2_5_vl")
-
-
-def trl_templates() -> dict[str, str]:
-    """TRL's text chat templates, ``{name: source}``, read from the installed package (training
-    variants and vision-language templates left out)."""
-    import trl
-
-    folder = Path(trl.__file__).parent / "chat_templates"
-    return {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.jinja"))
-            if not p.stem.endswith("_training") and p.stem not in VISION_TEMPLATES}  # fmt: skip
-
-
-def family(tokenizer: Any) -> str | None:
-    """The TRL template the tokenizer's chat template is, or ``None``."""
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = template.get("default")
-    return next((name for name, source in trl_templates().items() if source == template), None)
 
 
 @dataclass

@@ -19,6 +19,7 @@ with an explanation (:func:`episode_template`), as is a template that rejects th
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,27 @@ class ChatTokens:
             warnings.warn(chosen.note, SealWarning, stacklevel=2)
         return cls(tokenizer, chat_template=chosen.template, native=native, forgets_reasoning=chosen.forgets_reasoning)
 
+    def for_inference(self) -> ChatTokens:
+        """This renderer for evaluation: each generation prompt is the model's own template's
+        rendering of the conversation so far, as at inference (:meth:`inference_prompt`)."""
+        chat = copy.copy(self)
+        chat.inference = True
+        return chat
+
+    inference = False
+    """evaluation: prompts come from the model's own template (:meth:`for_inference`)"""
+
+    def inference_prompt(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, episode_ids: list[int]) -> list[int]:
+        """The ids to prompt the next message with. Training: the episode's sample so far
+        (``episode_ids``). Evaluation, where episodes are rendered with another template than the
+        model's own (TRL's training variant) or keep reasoning the own one drops: the own
+        template's rendering of ``messages``, so the model is evaluated on the prompts it gets at
+        inference (past reasoning dropped where its template drops it). The sample still counts
+        the budgets."""
+        if not self.inference or (self.chat_template is None and not self.forgets_reasoning):
+            return episode_ids
+        return self.encode(render_or_explain(self.tokenizer, list(messages), tools=tools, generation_prompt=True))
+
     def render(self, messages: Sequence[Message], *, generation_prompt: bool) -> str:
         return render_or_explain(self.tokenizer, list(messages), tools=self.tools or None,
                                  generation_prompt=generation_prompt, chat_template=self.chat_template)  # fmt: skip
@@ -181,6 +203,16 @@ class ChatTokens:
             return parse_response(self.tokenizer, list(token_ids), prefix=list(prefix), tools=tools)
         except Exception:  # noqa: BLE001 - a parser bug on hostile output must not stop the episode
             return {"role": "assistant", "content": self.decode(token_ids)}
+
+    def reasoning_tokens(self, message: str | Message, prefix: Sequence[int]) -> int:
+        """How many tokens of a generated message are reasoning: its ``<think>`` block (continuing
+        the one its prompt ``prefix`` opened), or a structured message's reasoning field."""
+        if isinstance(message, str):
+            opened = prompt_opener(self.tokenizer.decode(list(prefix[-16:]), skip_special_tokens=False))
+            reasoning = split_reasoning(opened + message)[0] if THINK_CLOSE not in opened else ""
+        else:
+            reasoning = next((message[k] for k in ("reasoning_content", "thinking") if isinstance(message.get(k), str)), "")
+        return len(self.encode(reasoning)) if reasoning else 0
 
     def continuation(self, before: Sequence[Message], message: str | Message, generated: Sequence[int],
                      observation: Sequence[Message]) -> list[int]:  # fmt: skip

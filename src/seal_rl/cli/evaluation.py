@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -18,8 +18,9 @@ from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.evaluate import DEFAULT_PREFIX_CACHE_TOKENS, SCRIPTED, ModelSettings, evaluate, read_results
+from seal_rl.families import AUTO, resolve_auto
 from seal_rl.interface import PROMPT_MODES
-from seal_rl.policies import BfclResultPolicy, parse_policy, with_samples
+from seal_rl.policies import BfclResultPolicy, ModelPolicy, VLLMPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
 from seal_rl.stats import compare_runs
 from seal_rl.tasks import TaskSet
@@ -31,8 +32,8 @@ def eval_command(
     split: Annotated[str | None, typer.Option(help="train, test or all [default: test].")] = None,
     category: CategoryOption = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
-    call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}.")] = "hermes",
-    prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}.")] = "bfcl_qwen_fc",
+    call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}, or auto (the model's template family decides; docs/models.md).")] = "hermes",
+    prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}, or auto.")] = "bfcl_qwen_fc",
     protocol: Annotated[str, typer.Option(help="bfcl: the official `bfcl generate` loop (leaderboard numbers); seal: the released SEAL code's loop (as the paper trained). See docs/environment.md.")] = "bfcl",
     max_model_calls: Annotated[int, typer.Option(help="seal protocol: model messages per episode before truncation.")] = 20,
     max_steps_per_turn: Annotated[int, typer.Option(help="bfcl protocol: executing steps per user turn before force-termination.")] = 20,
@@ -41,6 +42,7 @@ def eval_command(
     temperature: Annotated[float, typer.Option(help="Model policies: sampling temperature (0 = greedy).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Model policies: nucleus sampling.")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(help="Model policies: longest model message, in tokens.")] = 1024,
+    max_thinking_tokens: Annotated[int, typer.Option(help="hf/vllm: longest reasoning of one message; a message still reasoning past it ends the episode (0 = no cap).")] = 0,
     seed: Annotated[int, typer.Option(help="Model policies: sampling seed.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
     prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
@@ -56,6 +58,10 @@ def eval_command(
             raise SealError("bfcl-result files are replayed under the bfcl protocol, the one that wrote them; drop --protocol.")
         call_format = chosen.call_format()
         prompt_mode = "bfcl_qwen_fc" if call_format == "hermes" else "chat_template"
+    if AUTO in (call_format, prompt_mode):
+        picked, note = resolve_auto({"prompt_mode": prompt_mode, "call_format": call_format}, _tokenizer_of(chosen))
+        prompt_mode, call_format = picked["prompt_mode"], picked["call_format"]
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
     env_config = EnvConfig(protocol=protocol, call_format=call_format, prompt_mode=prompt_mode,
                            max_model_calls=max_model_calls, max_steps_per_turn=max_steps_per_turn)  # fmt: skip
     task_set = TaskSet.load()
@@ -76,7 +82,7 @@ def eval_command(
         err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
     settings = ModelSettings(
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
-        prefix_cache_tokens=prefix_cache_tokens,
+        prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens,
         timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
     )  # fmt: skip
 
@@ -319,3 +325,18 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
     if summary.get("errors"):
         err.print(f"[red]{summary['errors']} episodes ended in generation errors[/] (left out of the rates; see 'error' in results.jsonl)")
     out.print(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}")
+
+
+def _tokenizer_of(policy: Any) -> Any:
+    """The tokenizer of a model policy (hf:, vllm:), for ``auto``; None for other policies."""
+    path = getattr(policy, "path", None)
+    if path is None or not isinstance(policy, (ModelPolicy, VLLMPolicy)):
+        return None
+    from transformers import AutoTokenizer
+
+    from seal_rl.models import resolve_model
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(str(path)))
+    except (OSError, ValueError) as exc:
+        raise SealError(f"No tokenizer could be loaded from {path} ({exc}).") from None

@@ -149,7 +149,7 @@ class SealLoop:
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
-            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=self.chat(trainer),
+            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
         generator.close()

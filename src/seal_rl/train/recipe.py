@@ -237,7 +237,7 @@ def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
 
 def validate(recipe: SealRecipe) -> None:
     """Check what spans several fields; build every sub-config so its own checks run too."""
-    _section("env", EnvConfig, recipe.env)
+    _section("env", EnvConfig, {k: v for k, v in recipe.env.items() if v != "auto"})  # auto: picked per model at start
     _section("budgets", Budgets, recipe.budgets)
     for source in recipe.warm_start.data:
         check_source(source)

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from seal_rl.budgets import count_for_recipe, summary_line
 from seal_rl.errors import SealError, SealWarning
+from seal_rl.families import resolve_auto
 from seal_rl.generators import vllm_cpu
 from seal_rl.generators.vllm_engines import trl_engine_dtype
 from seal_rl.rollout import Budgets
@@ -81,6 +82,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
             model_path = _prepare_model(recipe, out, task_set)
+        recipe.env, picked = resolve_auto(recipe.env, AutoTokenizer.from_pretrained(model_path))
+        if is_main and picked:
+            _say(picked)
+            resolved.env = recipe.env
+            (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
         if is_main:
             _say(summary_line(count_for_recipe(recipe, AutoTokenizer.from_pretrained(model_path), task_set, tasks)))
         if recipe.warm_start.data:
