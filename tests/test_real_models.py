@@ -70,7 +70,7 @@ class Recording(TranscriptGenerator):
 def play_oracle(tokenizer, tasks, task_set, config: EnvConfig, budgets: Budgets, interface_preset: str | None = None,
                 generator_class: type = Recording):
     """Every task's ground truth played through the episode driver; (rollouts, emitted tokens)."""
-    chat = ChatTokens(tokenizer)
+    chat = ChatTokens(tokenizer, native=config.call_format == "native")
     catalog = ToolCatalog()
     episodes = OraclePolicy().episodes(tasks, task_set, config.call_format)
     generator = generator_class({e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}, chat, tokenizer.eos_token_id)
@@ -102,10 +102,10 @@ def _reference_batch(tokenizer, conversations):
     for (messages, _), text, ids, offsets in zip(conversations, texts, encoded["input_ids"], encoded["offset_mapping"]):
         spans, position = [], 0
         for message in messages:
-            if message["role"] == "assistant":
+            if message["role"] == "assistant":  # its text (and structured calls, as rendered) through <|im_end|>
                 start = text.index("<|im_start|>assistant\n" + message["content"], position) + len("<|im_start|>assistant\n")
-                end = start + len(message["content"]) + len(tokenizer.eos_token)
-                assert text[end - len(tokenizer.eos_token) : end] == tokenizer.eos_token
+                end = text.index(tokenizer.eos_token, start) + len(tokenizer.eos_token)
+                assert message.get("tool_calls") or end == start + len(message["content"]) + len(tokenizer.eos_token)
                 spans.append((start, end))
                 position = end
         mask, k = [], 0
@@ -154,6 +154,7 @@ MODES = [
     ("qwen", "chat_template", "hermes"),
     ("qwen", "chat_template", "json"),
     ("qwen", "chat_template", "pythonic"),
+    ("qwen", "chat_template", "native"),  # its own <tool_call> blocks, parsed by its response template
     ("smollm2", "bfcl_qwen_fc", "hermes"),
     ("smollm2", "chat_template", "hermes"),
 ]
