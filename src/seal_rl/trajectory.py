@@ -15,6 +15,12 @@ the episode, by TRL's prefix-preserving training variant of it when TRL ships on
 (``trl.chat_template_utils.get_training_chat_template``), and said so once; otherwise it is refused
 with an explanation (:func:`episode_template`), as is a template that rejects the conversation
 (strict role alternation, no system role).
+
+With the ``native`` call format a model message is parsed into a structured assistant message
+(``tool_calls``, reasoning in its field) by the tokenizer's response parser (:meth:`ChatTokens.response`),
+and the conversation holds it so; the tokens that follow it are what the template writes after the
+whole message. Evaluation prompts each message with the model's own template
+(:meth:`ChatTokens.for_inference`).
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ class ChatTokens:
         self.forgets_reasoning = forgets_reasoning
         """the template drops past reasoning (gpt-oss, GLM-4, Gemma 4): the text after a message is
         taken from a rendering whose earlier messages carry no reasoning (:func:`episode_template`)"""
+        self.inference = False
+        """evaluation: prompts come from the model's own template (:meth:`for_inference`)"""
         self.eos_ids = _eos_ids(tokenizer)
         self._tools_checked = False
         self._opener: str | None = None
@@ -112,9 +120,6 @@ class ChatTokens:
         chat = copy.copy(self)
         chat.inference = True
         return chat
-
-    inference = False
-    """evaluation: prompts come from the model's own template (:meth:`for_inference`)"""
 
     def inference_prompt(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, episode_ids: list[int]) -> list[int]:
         """The ids to prompt the next message with. Training: the episode's sample so far
