@@ -129,6 +129,8 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
         (["generator=magic"], "Unknown generator"),
         (["grpo.use_vllm=true", "grpo.vllm_mode=server"], "server mode gathers every rank"),
         (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
+        (["layout=turns"], "layout must be one of episode, turn"),
+        (["layout=turn", "turn_samples=3"], "must be at least 1 and divide grpo.per_device_train_batch_size"),
     ],
 )
 def test_bad_recipes_fail_clearly(overrides, message):
@@ -483,3 +485,62 @@ def test_tiny_heads_set_the_tiny_models_head_dim_and_vllms_cpu_attention_refuses
         load_recipe(smoke, ["model.tiny_heads=3"])
     config = json.loads((build_tiny_model(tmp_path, vocab_size=512, heads=1, kv_heads=1, task_set=task_set) / "config.json").read_text())
     assert config["hidden_size"] // config["num_attention_heads"] == 64
+
+
+# -- the turn layout: one sample per model message ---------------------------------------------
+
+
+def test_turn_samples_draw_messages_pad_with_masked_copies_and_carry_the_episode_reward(tiny_path):
+    from seal_rl.rollout import Rollout
+    from seal_rl.train.trainer import turn_samples
+    from seal_rl.trajectory import Trajectory
+
+    def rollout(messages, reward=1.0, end_reason="completed", checker_error=None):
+        trajectory = Trajectory([1, 2, 3])
+        trajectory.turns = [([1, 2, 3] + [9] * i, [10 + i, 11 + i], [-0.5, None]) for i in range(messages)]
+        record = {"reward": reward, "end_reason": end_reason, "verdict": {"checker_error": checker_error}}
+        return Rollout(0, record, trajectory)
+
+    five = turn_samples(rollout(5), 3, 0, seed=7)
+    assert five == turn_samples(rollout(5), 3, 0, seed=7) and len(five) == 3  # seeded, reproducible
+    drawn = [s["completion_ids"][0] - 10 for s in five]
+    assert drawn == sorted(set(drawn)) and all(0 <= i < 5 for i in drawn)  # without replacement, in message order
+    assert all(s["prompt_ids"] == [1, 2, 3] + [9] * (s["completion_ids"][0] - 10) for s in five)  # each with its own prompt
+    assert all(s["env_mask"] == [1, 1] and s["reward"] == 1.0 and s["logprobs"] == [-0.5, None] for s in five)
+    two = turn_samples(rollout(2, reward=0.0), 4, 0, seed=7)
+    assert [s["env_mask"] for s in two] == [[1, 1], [1, 1], [0, 0], [0, 0]]  # masked copies: no loss, same reward
+    assert {s["reward"] for s in two} == {0.0} and two[3]["completion_ids"] == two[1]["completion_ids"]
+    none = turn_samples(rollout(0, end_reason="prompt_budget"), 2, 5, seed=7)
+    assert [(s["completion_ids"], s["env_mask"], s["reward"]) for s in none] == [([5], [0], None)] * 2
+    assert {s["reward"] for s in turn_samples(rollout(3, checker_error="boom"), 2, 0, seed=1)} == {None}
+
+
+def test_the_turn_layout_trains_each_message_with_its_episodes_advantage(tiny_path, tmp_path, loss_inputs):
+    """layout: turn, two samples per episode: every episode's advantage (group-relative, A-Patch
+    weighted) reaches TRL's loss once per sample; each sample's loss covers one of the episode's
+    messages, prompted by the conversation before it; the round has signal."""
+    from trl import GRPOTrainer
+
+    loss_inputs.clear()
+    texts = GRPOTrainer._compute_loss.texts
+    texts.clear()
+    out = tmp_path / "turn"
+    train(_recipe(tiny_path, layout="turn", turn_samples=2), out)
+    rows = _jsonl(out / "trajectories.jsonl")
+    assert len(rows) == 2 * 2 * 2  # 2 rounds x 2 tasks x 2 rollouts: episodes, not samples
+    assert any(r["reward"] == 1.0 for r in rows) and any(r["reward"] == 0.0 for r in rows)
+    assert any(abs(r["advantage_before"]) > 0.1 for r in rows)
+    for round_index in (1, 2):
+        after = sorted(a for r in rows if r["round"] == round_index for a in [r["advantage_after"]] * 2)
+        reached = sorted(a for batch in loss_inputs[(round_index - 1) * 4 : round_index * 4] for a in batch)
+        assert reached == pytest.approx(after, abs=1e-6)
+        for task in {r["task_id"] for r in rows}:  # TRL's group: the 2 x 2 samples of a task, each with its episode's reward
+            group = [r for r in rows if r["round"] == round_index and r["task_id"] == task]
+            rewards = torch.tensor([r["reward"] for r in group for _ in range(2)])
+            expected = ((rewards - rewards.mean()) / (rewards.std() + 1e-4))[::2]
+            assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
+    messages = [m["content"] for r in rows for m in r["messages"] if m["role"] == "assistant"]
+    trained = [t for t in texts if t]
+    assert trained and all(t in messages for t in trained)  # one whole message each
+    expected = sum(min(2, sum(m["role"] == "assistant" for m in r["messages"])) for r in rows)
+    assert len(trained) == expected  # messages drawn, masked copies carry no loss

@@ -116,6 +116,7 @@ class _Active:
     info: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     seconds_env: float = 0.0
+    prompt_ids: list[int] | None = None  # what the pending message is generated from
 
 
 @dataclass
@@ -189,9 +190,9 @@ def run_episodes(
     def request(state: _Active) -> Request:
         used = len(state.trajectory.completion_ids) if state.trajectory else 0
         tools = state.env.tools if state.env.config.prompt_mode == "chat_template" else None
+        state.prompt_ids = chat.inference_prompt(state.env.messages, tools, state.trajectory.ids) if state.trajectory else None
         return Request(
-            state.index, state.task, state.env.messages, state.observation, state.info,
-            chat.inference_prompt(state.env.messages, tools, state.trajectory.ids) if state.trajectory else None,
+            state.index, state.task, state.env.messages, state.observation, state.info, state.prompt_ids,
             min(budgets.max_new_tokens, budgets.max_completion_tokens - used), tools,
         )  # fmt: skip
 
@@ -290,11 +291,17 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         else:  # a text-only generator: re-encoded tokens have no sampling log-probabilities
             token_ids = chat.encode(generation.text)
             state.trajectory.add_model(token_ids)
+        if chat.turns:
+            given = list(generation.logprobs or [])[: len(token_ids)]
+            state.trajectory.turns.append((list(state.prompt_ids or prefix), list(token_ids), given + [None] * (len(token_ids) - len(given))))
         if chat.native:  # the model's own tool calls, parsed into a structured message
             action = chat.response(token_ids, prefix, env.tools)
         if budgets.max_thinking_tokens and chat.reasoning_tokens(action, prefix) > budgets.max_thinking_tokens:
             # still reasoning at the cap: what follows it was never to be generated
             state.trajectory.cut(len(state.trajectory.completion_ids) - len(token_ids) + budgets.max_thinking_tokens)
+            if chat.turns:
+                prompt, ids, logprobs = state.trajectory.turns[-1]
+                state.trajectory.turns[-1] = (prompt, ids[: budgets.max_thinking_tokens], logprobs[: budgets.max_thinking_tokens])
             env.truncate("thinking_budget")
             return
     if generation.end_turn is None:

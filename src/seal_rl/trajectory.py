@@ -54,6 +54,9 @@ class Trajectory:
     logprobs: list[float | None] = field(default_factory=list)
     """the sampler's log-probability of each generated token (None where the generator gave none,
     which TRL's importance-sampling correction treats as "no correction"); 0.0 for other tokens"""
+    turns: list[tuple[list[int], list[int], list[float | None]]] = field(default_factory=list)
+    """``turn`` layout (:meth:`ChatTokens.for_turns`): each model message as (the prompt it was
+    generated from, its token ids, their log-probabilities)"""
 
     @property
     def ids(self) -> list[int]:
@@ -96,6 +99,8 @@ class ChatTokens:
         taken from a rendering whose earlier messages carry no reasoning (:func:`episode_template`)"""
         self.inference = False
         """evaluation: prompts come from the model's own template (:meth:`for_inference`)"""
+        self.turns = False
+        """``turn`` layout: prompts always rendered anew, each message recorded (:meth:`for_turns`)"""
         self.eos_ids = _eos_ids(tokenizer)
         self._tools_checked = False
         self._opener: str | None = None
@@ -114,6 +119,14 @@ class ChatTokens:
             warnings.warn(chosen.note, SealWarning, stacklevel=2)
         return cls(tokenizer, chat_template=chosen.template, native=native, forgets_reasoning=chosen.forgets_reasoning)
 
+    def for_turns(self) -> ChatTokens:
+        """This renderer for the ``turn`` layout: every message is prompted with the model's own
+        template's rendering of the conversation, as at inference, and recorded with that prompt
+        (``Trajectory.turns``); the episode's sample still counts the budgets."""
+        chat = self.for_inference()
+        chat.turns = True
+        return chat
+
     def for_inference(self) -> ChatTokens:
         """This renderer for evaluation: each generation prompt is the model's own template's
         rendering of the conversation so far, as at inference (:meth:`inference_prompt`)."""
@@ -128,7 +141,7 @@ class ChatTokens:
         template's rendering of ``messages``, so the model is evaluated on the prompts it gets at
         inference (past reasoning dropped where its template drops it). The sample still counts
         the budgets."""
-        if not self.inference or (self.chat_template is None and not self.forgets_reasoning):
+        if not self.inference or (self.chat_template is None and not self.forgets_reasoning and not self.turns):
             return episode_ids
         return self.encode(render_or_explain(self.tokenizer, list(messages), tools=tools, generation_prompt=True))
 

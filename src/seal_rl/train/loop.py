@@ -39,7 +39,7 @@ from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.recipe import SealRecipe
 from seal_rl.train.run_dir import METRICS_FILE, _best_validation
-from seal_rl.train.trainer import save_model, trl_sample
+from seal_rl.train.trainer import save_model, trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
 
 
@@ -191,8 +191,10 @@ class SealLoop:
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
                               catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
         generator = self._generator(trainer)
-        chat = self.chat(trainer)
-        episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
+        per_episode = self.recipe.turn_samples if self.recipe.layout == "turn" else 1
+        chat = self.chat(trainer).for_turns() if self.recipe.layout == "turn" else self.chat(trainer)
+        # TRL repeats each task num_generations x per_episode times in a row: one episode per block
+        episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts[::per_episode])]
         stats = DriverStats()
         with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
             rollouts = run_episodes(
@@ -237,14 +239,18 @@ class SealLoop:
         self.state.interface = evolve(self.state.interface, self.state.profile, self.interface_config)
         self._round_rollouts = [r.record for r in rollouts]
         self._round_weights = list(weights)
-        samples = [trl_sample(r, min(chat.eos_ids)) for r in rollouts]
+        if self.recipe.layout == "turn":
+            seed = derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer), "turns")
+            samples = [s for r in rollouts for s in turn_samples(r, per_episode, min(chat.eos_ids), derived_seed(seed, r.index))]
+        else:
+            samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids))} for r in rollouts]
         return {
-            "prompt_ids": [r.trajectory.prompt_ids for r in rollouts],
+            "prompt_ids": [s["prompt_ids"] for s in samples],
             "completion_ids": [s["completion_ids"] for s in samples],
             "logprobs": [s["logprobs"] for s in samples],
             "env_mask": [s["env_mask"] for s in samples],
             "seal_reward": [s["reward"] for s in samples],
-            "apatch_weight": weights,
+            "apatch_weight": [w for w in weights for _ in range(per_episode)],  # a turn sample has its episode's weight (Eq. 12)
         }
 
     def _labels(self, record: dict[str, Any]) -> list[str]:
@@ -284,6 +290,8 @@ class SealLoop:
     def after_advantages(self, trainer: Any, inputs: list[dict[str, Any]], before: Any, after: Any) -> None:
         """Log the round: trajectories with advantages before/after A-Patch, metrics, profile, Ω."""
         rows = []
+        per_episode = self.recipe.turn_samples if self.recipe.layout == "turn" else 1
+        before, after = before[::per_episode], after[::per_episode]  # an episode's turn samples share its advantage
         for record, weight, a, b in zip(self._round_rollouts, self._round_weights, before.tolist(), after.tolist(), strict=True):
             rows.append({
                 "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],

@@ -169,6 +169,13 @@ class SealRecipe:
     apatch: dict[str, Any] = field(default_factory=lambda: {k: v for k, v in asdict(ApatchConfig()).items()})
     profile_window: int = 1
     """rounds the capability profile aggregates over"""
+    layout: str = "episode"
+    """what one training sample is (docs/training.md, "Sample layouts"): ``episode`` (the whole
+    episode, token-exact; the paper's) or ``turn`` (one model message, prompted by the model's own
+    template as at inference; ``turn_samples`` per episode)"""
+    turn_samples: int = 4
+    """``turn`` layout: samples per episode (messages drawn without replacement when it has more;
+    masked copies when fewer); must divide ``grpo.per_device_train_batch_size``"""
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
     or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
@@ -186,6 +193,9 @@ class SealRecipe:
     """validation during training"""
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     """how Ψ labels a failed turn that qualifies for several labels"""
+
+
+LAYOUTS = ("episode", "turn")
 
 
 def load_recipe(path: Path | str | None, overrides: Sequence[str] = ()) -> SealRecipe:
@@ -246,6 +256,12 @@ def validate(recipe: SealRecipe) -> None:
     _section("interface", InterfaceConfig, recipe.interface)
     _section("apatch", ApatchConfig, recipe.apatch)
     g = recipe.grpo
+    if recipe.layout not in LAYOUTS:
+        raise SealError(f"layout must be one of {', '.join(LAYOUTS)}, got {recipe.layout!r}.")
+    if recipe.layout == "turn" and (recipe.turn_samples < 1 or g.per_device_train_batch_size % recipe.turn_samples):
+        raise SealError(f"layout turn: turn_samples ({recipe.turn_samples}) must be at least 1 and divide "
+                        f"grpo.per_device_train_batch_size ({g.per_device_train_batch_size}), so that every process "
+                        "holds whole episodes.")  # fmt: skip
     if g.num_generations < 2:
         raise SealError(f"Group-relative advantages need >= 2 rollouts per task; got num_generations={g.num_generations}.")
     if g.tasks_per_step % g.tasks_per_update:
@@ -309,12 +325,18 @@ def check_report_to(backends: Sequence[str]) -> None:
             raise SealError(f"grpo.report_to asks for {name}, which is not installed: {how}, or drop it from report_to.")
 
 
+def samples_per_task(recipe: SealRecipe) -> int:
+    """TRL samples per task and round: ``num_generations`` episodes, ``turn_samples`` each in the
+    ``turn`` layout (TRL's ``num_generations``, its group size)."""
+    return recipe.grpo.num_generations * (recipe.turn_samples if recipe.layout == "turn" else 1)
+
+
 def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
     """TRL batch settings for the recipe on ``world_size`` processes."""
     g = recipe.grpo
     per_process = g.per_device_train_batch_size * world_size
-    round_samples = g.tasks_per_step * g.num_generations
-    update_samples = g.tasks_per_update * g.num_generations
+    round_samples = g.tasks_per_step * samples_per_task(recipe)
+    update_samples = g.tasks_per_update * samples_per_task(recipe)
     for name, samples in (("tasks_per_step", round_samples), ("tasks_per_update", update_samples)):
         if samples % per_process:
             raise SealError(

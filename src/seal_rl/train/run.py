@@ -26,7 +26,7 @@ from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
-from seal_rl.train.recipe import SealRecipe, batch_layout
+from seal_rl.train.recipe import SealRecipe, batch_layout, samples_per_task
 from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
     read_metrics,
@@ -107,7 +107,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             per_device_train_batch_size=g.per_device_train_batch_size,
             gradient_accumulation_steps=layout["gradient_accumulation_steps"],
             steps_per_generation=layout["steps_per_generation"],
-            num_generations=g.num_generations,
+            num_generations=samples_per_task(recipe),
             learning_rate=g.learning_rate,
             lr_scheduler_type=g.lr_scheduler_type,
             num_train_epochs=g.num_train_epochs,
@@ -210,5 +210,7 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         f"{layout['updates_per_round']} update(s) of {g.tasks_per_update * g.num_generations} episodes "
         f"(micro-batch {g.per_device_train_batch_size}, gradient accumulation {layout['gradient_accumulation_steps']}); "
         f"max_steps {g.max_steps}",
+        *([f"  layout turn: {recipe.turn_samples} samples per episode (one model message each, prompted by the model's own "
+           f"template), micro-batches count samples"] if recipe.layout == "turn" else []),
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip

@@ -186,6 +186,36 @@ def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
             "logprobs": trajectory.logprobs, "reward": None if unscorable else record["reward"]}  # fmt: skip
 
 
+def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> list[dict[str, Any]]:
+    """What TRL trains on for one episode in the ``turn`` layout: ``count`` samples, each one model
+    message with the prompt it was generated from (the model's own template's rendering of the
+    conversation so far) and a loss mask of ones.
+
+    An episode with more messages gives ``count`` of them, drawn without replacement from
+    ``seed`` (in message order); one with fewer gives all of them, then masked copies of its last,
+    which carry no loss. Every sample has the episode's reward, so a task's group of
+    ``num_generations x count`` samples has the mean of its episodes' rewards and, up to Bessel's
+    correction, their spread: TRL's group advantage of each sample is its episode's (docs/training.md).
+    An episode with no message (or an unscorable one) gives samples with no reward, as
+    :func:`trl_sample` does.
+    """
+    import random
+
+    record, turns = rollout.record, rollout.trajectory.turns
+    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
+    reward = None if unscorable else record["reward"]
+    if not turns:
+        record["dropped"] = record["end_reason"]
+        return [{"prompt_ids": rollout.trajectory.prompt_ids, "completion_ids": [filler_token], "env_mask": [0],
+                 "logprobs": [0.0], "reward": None}] * count  # fmt: skip
+    chosen = sorted(random.Random(seed).sample(range(len(turns)), count)) if len(turns) > count else list(range(len(turns)))
+    samples = [{"prompt_ids": turns[i][0], "completion_ids": turns[i][1], "env_mask": [1] * len(turns[i][1]),
+                "logprobs": turns[i][2], "reward": reward} for i in chosen]  # fmt: skip
+    last = samples[-1]
+    samples += [{**last, "env_mask": [0] * len(last["completion_ids"])}] * (count - len(samples))
+    return samples
+
+
 def save_model(trainer: Any, path: Path) -> None:
     """Save the policy as a plain transformers model directory (weights, config, tokenizer).
 
