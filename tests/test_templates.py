@@ -93,6 +93,7 @@ def test_every_template_works_or_is_refused_with_the_fix(reports):
         for mode in report["modes"]:
             if mode["works"]:
                 assert mode["success"] == 1.0 and mode["episodes"] == 4, (name, mode)
+                assert mode["layouts"] == ["episode", "turn"], (name, mode)  # each turn prompted by the own template
                 assert mode["tools_in_prompt"] is not False, (name, mode)
                 assert mode["reason"] is None
             else:

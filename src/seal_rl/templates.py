@@ -5,7 +5,9 @@ sample builder (:class:`~seal_rl.trajectory.ChatTokens` and the episode driver, 
 plays transcripts), completes every episode with reward 1, and every sample decodes to the chat
 template's own rendering of its conversation (the template that :func:`episode_template` picks:
 the model's own, or TRL's prefix-preserving training variant where the own one rewrites history).
-Otherwise the mode is refused with the reason and the setting that fixes it.
+The ``turn`` layout works too when every message's recorded prompt is the model's own template's
+rendering of the conversation before it. Otherwise the mode is refused with the reason and the
+setting that fixes it.
 
 The family is the TRL 1.16 template that the tokenizer's template equals (:mod:`seal_rl.families`).
 """
@@ -50,6 +52,9 @@ class ModeReport:
     tools_in_prompt: bool | None = None
     forgets_reasoning: bool | None = None
     """``native``: the template drops past reasoning, which the episode keeps as generated"""
+    layouts: list[str] | None = None
+    """the sample layouts that work: ``episode`` (samples equal to the rendering) and ``turn`` (each
+    message's prompt equal to the model's own template's rendering of the conversation before it)"""
 
 
 def _specials(tokenizer: Any) -> list[str]:
@@ -81,7 +86,7 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
     native = call_format == "native"
     try:
         template, _, forgets = episode_template(tokenizer, mode, native=native)
-        chat = ChatTokens(tokenizer, chat_template=template, native=native, forgets_reasoning=forgets)
+        chat = ChatTokens(tokenizer, chat_template=template, native=native, forgets_reasoning=forgets).for_turns()
     except SealError as error:
         return ModeReport(mode, call_format, False, None, str(error))
     config = EnvConfig(prompt_mode=mode, call_format=call_format)
@@ -101,7 +106,7 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
     except SealError as error:
         return ModeReport(mode, call_format, False, None, str(error))
     specials = _specials(tokenizer)
-    longest, tools_shown, unequal = 0, True, []
+    longest, tools_shown, unequal, turns_unequal = 0, True, [], []
     for episode, rollout in zip(episodes, rollouts):
         _, info = BfclEnv(config, interface, catalog=catalog).reset(episode.task)
         tools = info["tools"] if mode == "chat_template" else None
@@ -117,6 +122,13 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
         decoded = tokenizer.decode(rollout.trajectory.ids, skip_special_tokens=False)
         if not _equal_to_rendering(decoded, rendered, specials):
             unequal.append(episode.task.id)
+        # the turn layout: each message's prompt is the model's own template's rendering of what came before
+        positions = [i for i, m in enumerate(rollout.record["messages"]) if m["role"] == "assistant"]
+        own = [render_or_explain(tokenizer, rollout.record["messages"][:i], tools=_tools_at(interface, episode.task, step["turn"], mode),
+                                 generation_prompt=True)  # the own template (chat_template None), reasoning where it reads it
+               for i, step in zip(positions, rollout.record["steps"])]  # fmt: skip
+        if [tokenizer.decode(t[0], skip_special_tokens=False) for t in rollout.trajectory.turns] != own:
+            turns_unequal.append(episode.task.id)
     success = sum(r.record["reward"] for r in rollouts) / max(1, len(rollouts))
     reasons = []
     if success < 1:
@@ -126,9 +138,17 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
         reasons.append(f"samples differ from the template's rendering on {', '.join(unequal)}")
     if not tools_shown:
         reasons.append("the tools do not reach the prompt; use prompt_mode: bfcl_qwen_fc")
+    layouts = [] if reasons else ["episode"] + ([] if turns_unequal else ["turn"])
     return ModeReport(mode, call_format, not reasons, "trl_training" if template else "own", "; ".join(reasons) or None,
                       len(rollouts), success, longest, tools_shown if mode == "chat_template" else None,
-                      forgets if native else None)  # fmt: skip
+                      forgets if native else None, layouts)  # fmt: skip
+
+
+def _tools_at(interface: Interface, task: Task, turn: int, mode: str) -> list[dict[str, Any]] | None:
+    """The tools a ``chat_template`` prompt carries in user turn ``turn`` (miss_func reveals add some)."""
+    if mode != "chat_template":
+        return None
+    return interface.tool_specs([*task.functions, *(d for t in range(turn + 1) for d in task.held_out.get(t, ()))])
 
 
 def check(tokenizer: Any, task_set: TaskSet | None = None, task_ids: tuple[str, ...] = CHECK_TASKS) -> dict[str, Any]:

@@ -167,7 +167,8 @@ def templates_check(
                 template = "TRL's training variant of the template" if m["template"] == "trl_training" else "its own template"
                 tools = "; the tools reach the prompt" if m["tools_in_prompt"] else ""
                 forgets = "; the template drops past reasoning, the episode keeps it as generated" if m.get("forgets_reasoning") else ""
-                line = f"works, with {template}; longest prompt {m['longest_prompt_tokens']:,} tokens{tools}{forgets}"
+                layouts = " and ".join(m["layouts"] or ())
+                line = f"works ({layouts} layout), with {template}; longest prompt {m['longest_prompt_tokens']:,} tokens{tools}{forgets}"
             else:
                 line = f"does not work: {m['reason']}"
             out.print(f"  {m['mode']} / {m['call_format']}: {line}", markup=False, highlight=False, soft_wrap=True)
