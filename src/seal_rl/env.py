@@ -19,14 +19,12 @@ from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
 from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate_result
 from seal_rl.protocol import Decoded, check_protocol, decode
-from seal_rl.reasoning import answer
+from seal_rl.reasoning import REASONING_FIELDS, answer
 from seal_rl.tasks import Task
 from seal_rl.tools import ParsedMessage, SchemaViolation, ToolCall, ToolCatalog, get_format, structured_calls
 from seal_rl.verify import Verdict, verify
 
 ERROR_KINDS: tuple[str, ...] = ("parse", "unknown_tool", "schema", "execution")
-REASONING_FIELDS = ("reasoning_content", "thinking")
-"""where structured messages carry reasoning (Qwen3/GLM templates read the first, gpt-oss the second)"""
 
 
 @dataclass(frozen=True)

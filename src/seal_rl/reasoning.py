@@ -14,6 +14,8 @@ from __future__ import annotations
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+REASONING_FIELDS = ("reasoning_content", "thinking")
+"""where a structured message carries its reasoning (Qwen3/GLM templates read the first, gpt-oss the second)"""
 
 
 def split_reasoning(text: str) -> tuple[str, str]:

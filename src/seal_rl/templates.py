@@ -25,7 +25,7 @@ from seal_rl.policies import OraclePolicy, ScriptedAgent
 from seal_rl.rollout import Budgets, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
-from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, render_or_explain
+from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, render_or_explain, special_tokens
 
 # The combinations a check plays: BFCL's own prompt (hermes calls in the system prompt's words)
 # and the model's template with seal-rl's three call formats and the model's own (native) calls.
@@ -55,10 +55,6 @@ class ModeReport:
     layouts: list[str] | None = None
     """the sample layouts that work: ``episode`` (samples equal to the rendering) and ``turn`` (each
     message's prompt equal to the model's own template's rendering of the conversation before it)"""
-
-
-def _specials(tokenizer: Any) -> list[str]:
-    return sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
 
 
 def _equal_to_rendering(decoded: str, rendered: str, specials: list[str]) -> bool:
@@ -105,7 +101,7 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
                                 budgets=Budgets(10**9, 10**9, 10**6), concurrency=1)  # fmt: skip
     except SealError as error:
         return ModeReport(mode, call_format, False, None, str(error))
-    specials = _specials(tokenizer)
+    specials = special_tokens(tokenizer)
     longest, tools_shown, unequal, turns_unequal = 0, True, [], []
     for episode, rollout in zip(episodes, rollouts):
         _, info = BfclEnv(config, interface, catalog=catalog).reset(episode.task)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from seal_rl.errors import SealError, SealWarning
-from seal_rl.reasoning import THINK_CLOSE, THINK_OPEN, split_reasoning
+from seal_rl.reasoning import REASONING_FIELDS, THINK_CLOSE, THINK_OPEN, split_reasoning
 
 Message = dict[str, Any]
 _MARK = "\u2063SEAL\u2063"  # an invisible marker no model writes, to find where a message's content ends
@@ -104,7 +104,7 @@ class ChatTokens:
         self.eos_ids = _eos_ids(tokenizer)
         self._tools_checked = False
         self._opener: str | None = None
-        self._specials = sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
+        self._specials = special_tokens(tokenizer)
         self._ends: set[str] | None = None
 
     @classmethod
@@ -229,7 +229,7 @@ class ChatTokens:
             opened = prompt_opener(self.tokenizer.decode(list(prefix[-16:]), skip_special_tokens=False))
             reasoning = split_reasoning(opened + message)[0] if THINK_CLOSE not in opened else ""
         else:
-            reasoning = next((message[k] for k in ("reasoning_content", "thinking") if isinstance(message.get(k), str)), "")
+            reasoning = next((message[k] for k in REASONING_FIELDS if isinstance(message.get(k), str)), "")
         return len(self.encode(reasoning)) if reasoning else 0
 
     def continuation(self, before: Sequence[Message], message: str | Message, generated: Sequence[int],
@@ -283,7 +283,7 @@ class ChatTokens:
         if last and last == self._leading_special(after):
             return after[len(last) :]
         stripped = rendered.rstrip()
-        end = next((s for s in self._specials if stripped.endswith(s)), "")
+        end = self._trailing_special(stripped)
         if not end or end not in self.message_ends():
             return after
         tail = rendered[len(stripped) :]
@@ -304,13 +304,16 @@ class ChatTokens:
                 except SealError:
                     continue
                 after = text[text.rindex(_MARK) + len(_MARK) :] if _MARK in text else text.rstrip()[-64:]
-                special = self._leading_special(after) if _MARK in text else next((s for s in self._specials if after.endswith(s)), "")
+                special = self._leading_special(after) if _MARK in text else self._trailing_special(after)
                 ends.add(special)
             self._ends = ends - {""}
         return self._ends
 
     def _leading_special(self, text: str) -> str:
         return next((s for s in self._specials if s and text.startswith(s)), "")
+
+    def _trailing_special(self, text: str) -> str:
+        return next((s for s in self._specials if s and text.endswith(s)), "")
 
     def _written(self, message: Message, eos_id: int) -> list[int]:
         """A structured message's ids as the model would write them: the template's rendering of
@@ -322,7 +325,7 @@ class ChatTokens:
         if not ended.startswith(prompt):
             raise SealError(NOT_PREFIX_STABLE)
         rendered = ended[len(prompt) :].rstrip()
-        if next((s for s in self._specials if rendered.endswith(s)), "") in self.message_ends():
+        if self._trailing_special(rendered) in self.message_ends():
             return self.encode(rendered)
         results = [{"role": "tool", "name": c["function"]["name"], "tool_call_id": c.get("id"), "content": "R"}
                    for c in message.get("tool_calls", ())]  # fmt: skip
@@ -330,6 +333,11 @@ class ChatTokens:
         following = extended[len(ended) :] if extended.startswith(ended) else ""
         stop = self._leading_special(following)
         return self.encode(rendered) + (self.encode(stop) if stop else [eos_id])
+
+
+def special_tokens(tokenizer: Any) -> list[str]:
+    """The tokenizer's special and added tokens, longest first (so a prefix match finds the whole token)."""
+    return sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
@@ -467,7 +475,7 @@ class EpisodeTemplate(NamedTuple):
 
 def without_reasoning(message: Message) -> Message:
     """An assistant message without its structured reasoning fields."""
-    return {k: v for k, v in message.items() if k not in ("reasoning_content", "thinking")} if message["role"] == "assistant" else message
+    return {k: v for k, v in message.items() if k not in REASONING_FIELDS} if message["role"] == "assistant" else message
 
 
 def episode_template(tokenizer: Any, prompt_mode: str, *, native: bool = False) -> EpisodeTemplate:

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, out
+from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out
 from seal_rl.errors import SealError
 from seal_rl.tasks import TaskSet
 
@@ -144,16 +144,9 @@ def templates_check(
     """Play the ground truth of four tasks through the sample builder in each prompt mode and call
     format; say per mode whether training and evaluation work, and if not why and what to set.
     Exit 0 when some mode works, 1 when none does, 2 on bad input."""
-    from transformers import AutoTokenizer
-
     from seal_rl import templates
-    from seal_rl.models import resolve_model
 
-    path = Path(resolve_model(model)).expanduser()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise SealError(f"No tokenizer could be loaded from {model!r} ({exc}); give a model directory or a pulled model's name.") from None
+    tokenizer = load_tokenizer(str(Path(model).expanduser()))
     with err.status(f"checking {model}'s chat template"):
         report = templates.check(tokenizer)
     if as_json:

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, out
+from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
@@ -329,14 +329,4 @@ def _print_summary(summary: dict, out_dir: Path) -> None:
 
 def _tokenizer_of(policy: Any) -> Any:
     """The tokenizer of a model policy (hf:, vllm:), for ``auto``; None for other policies."""
-    path = getattr(policy, "path", None)
-    if path is None or not isinstance(policy, (ModelPolicy, VLLMPolicy)):
-        return None
-    from transformers import AutoTokenizer
-
-    from seal_rl.models import resolve_model
-
-    try:
-        return AutoTokenizer.from_pretrained(resolve_model(str(path)))
-    except (OSError, ValueError) as exc:
-        raise SealError(f"No tokenizer could be loaded from {path} ({exc}).") from None
+    return load_tokenizer(str(policy.path)) if isinstance(policy, (ModelPolicy, VLLMPolicy)) else None

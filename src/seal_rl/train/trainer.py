@@ -178,12 +178,17 @@ def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
     no reward either: TRL leaves them out of the group baseline and gives them advantage 0.
     """
     record, trajectory = rollout.record, rollout.trajectory
-    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
     if not trajectory.completion_ids:
         record["dropped"] = record["end_reason"]
         return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
     return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
-            "logprobs": trajectory.logprobs, "reward": None if unscorable else record["reward"]}  # fmt: skip
+            "logprobs": trajectory.logprobs, "reward": _reward(record)}  # fmt: skip
+
+
+def _reward(record: dict[str, Any]) -> float | None:
+    """An episode's reward for TRL: None when it is unscorable (checker error, generation error)."""
+    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
+    return None if unscorable else record["reward"]
 
 
 def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> list[dict[str, Any]]:
@@ -202,8 +207,7 @@ def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> 
     import random
 
     record, turns = rollout.record, rollout.trajectory.turns
-    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
-    reward = None if unscorable else record["reward"]
+    reward = _reward(record)
     if not turns:
         record["dropped"] = record["end_reason"]
         return [{"prompt_ids": rollout.trajectory.prompt_ids, "completion_ids": [filler_token], "env_mask": [0],
