@@ -116,6 +116,9 @@ class SealLoop:
         self.generator_factory = generator_factory
         """optional ``(trainer) -> Generator``, replacing the recipe's generator (tests, custom backends)"""
         self.timing: Counter[str] = Counter()
+        self.tokens: Counter[str] = Counter()
+        """per update pass (``update/policy``, ``update/old_logprobs``, ``update/reference``): ``/rows``, the
+        tokens of its samples, and ``/forwarded``, what the model forwarded (shared prefixes once)"""
         self._update_marks: dict[str, float] = {}
         self.apatch_hook_calls = 0
         self._round_rollouts: list[dict[str, Any]] = []
@@ -278,12 +281,18 @@ class SealLoop:
                            lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
 
     def print_update(self) -> None:
-        """One line after each round's update: where its time went (since the previous line)."""
+        """One line after each round's update: where its time went and how many tokens each pass
+        forwarded (since the previous line); the same as a ``kind: update`` line in ``metrics.jsonl``."""
         keys = ("update/policy", "update/reference", "update/old_logprobs")
         spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in keys}
-        self._update_marks = {k: self.timing[k] for k in keys}
+        counts = {f"{k}/{n}": self.tokens[f"{k}/{n}"] - self._update_marks.get(f"{k}/{n}", 0) for k in keys for n in ("rows", "forwarded")}
+        self._update_marks = {**{k: self.timing[k] for k in keys}, **{k: self.tokens[k] for k in counts}}
         if self.is_main:
-            CONSOLE.print(update_summary(self.state.round, spent, self.recipe), highlight=False, soft_wrap=True)
+            CONSOLE.print(update_summary(self.state.round, spent, self.recipe, counts), highlight=False, soft_wrap=True)
+            line = {"round": self.state.round, "kind": "update", **{f"{k}/seconds": round(v, 3) for k, v in spent.items()},
+                    **{f"{k}_tokens": v for k, v in counts.items()}}  # fmt: skip
+            with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
+                jsonl.append(handle, line)
 
     # after TRL's advantages -------------------------------------------------------------------
 
@@ -361,17 +370,22 @@ def round_summary(metrics: dict[str, Any], used: InterfaceState, following: Inte
             f"interface {' '.join(changes) or 'unchanged'}")
 
 
-def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe) -> str:
+def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe, tokens: dict[str, int] | None = None) -> str:
     """The line printed after a round's update: the policy's forward and backward passes, the
     reference model's log-probabilities (only with ``grpo.beta`` > 0) and the old policy's (only when
-    TRL needs them: several updates per generation, or vLLM's importance-sampling correction)."""
+    TRL needs them: several updates per generation, or vLLM's importance-sampling correction); with
+    ``tokens``, how many tokens each pass forwarded of the tokens its samples hold."""
     g = recipe.grpo
+    tokens = tokens or {}
 
     def part(key: str, name: str, why_not: str) -> str:
-        return f"{name} {spent[key]:.0f} s" if spent[key] > 0 else f"{name} not computed ({why_not})"
+        if spent[key] <= 0:
+            return f"{name} not computed ({why_not})"
+        rows, forwarded = tokens.get(f"{key}/rows", 0), tokens.get(f"{key}/forwarded", 0)
+        return f"{name} {spent[key]:.0f} s" + (f" ({forwarded:,} tokens forwarded for {rows:,})" if rows else "")
 
     total = sum(spent.values())
-    return (f"round {round_index} update: {total:.0f} s | policy forward+backward {spent['update/policy']:.0f} s | "
+    return (f"round {round_index} update: {total:.0f} s | " + part("update/policy", "policy forward+backward", "no update") + " | "
             + part("update/reference", "reference model", f"grpo.beta {g.beta}") + " | "
             + part("update/old_logprobs", "old log-probs", "one update per generation"))
 

@@ -176,6 +176,12 @@ class SealRecipe:
     turn_samples: int = 4
     """``turn`` layout: samples per episode (messages drawn without replacement when it has more;
     masked copies when fewer); must divide ``grpo.per_device_train_batch_size``"""
+    shared_prefix: Any = "auto"
+    """``auto`` | ``true`` | ``false``: forward the tokens that a micro-batch's samples share (a group's
+    prompt; in the ``turn`` layout an episode's conversation) once, as a prefix tree, in every
+    log-probability pass of the update (policy, old log-probs, reference). Exact up to float order.
+    ``auto`` packs when it saves tokens and the model passes the check (else TRL's path, with a
+    warning); ``true`` refuses a model that cannot be packed. See docs/training.md"""
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
     or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
@@ -281,6 +287,8 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
     if recipe.model.path == "tiny":
         check_tiny_heads(recipe.model, vllm=g.use_vllm)
+    if recipe.shared_prefix not in (True, False, "auto"):
+        raise SealError(f"shared_prefix must be auto, true or false; got {recipe.shared_prefix!r}.")
     if recipe.prefix_cache_tokens < 0:
         raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
     check_report_to(g.report_to)

@@ -16,12 +16,18 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seal_rl import jsonl
 from seal_rl.apatch import reweight
+from seal_rl.errors import SealError, SealWarning
 from seal_rl.rollout import Rollout, derived_seed
+from seal_rl.train.prefix_tree import (
+    attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, pack, rows_of,
+)  # fmt: skip
 from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE
 
 if TYPE_CHECKING:
@@ -54,22 +60,122 @@ def make_trainer_class():
         _seal_scoring_seconds = 0.0
         """time inside ``_generate_and_score_completions`` (rollouts, old and reference log-probs)"""
 
+        _seal_after_backward: ExitStack | None = None
+        """open during ``training_step``: what must stay in force until its backward pass is done"""
+        _seal_switched: set[int] = set()
+        """models (ids) whose attention is switched to the packed tree until the end of ``training_step``"""
+
         def training_step(self, model, inputs, num_items_in_batch):
             started, scoring = time.perf_counter(), self._seal_scoring_seconds
-            output = super().training_step(model, inputs, num_items_in_batch)
+            self._seal_switched = set()
+            with ExitStack() as self._seal_after_backward:
+                output = super().training_step(model, inputs, num_items_in_batch)
+            self._seal_after_backward = None
             elapsed = time.perf_counter() - started - (self._seal_scoring_seconds - scoring)
             self.seal.timing["update/policy"] += elapsed  # the policy's forward and backward passes, optimizer step
             return output
 
-        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        def _prepare_inputs(self, generation_batch):
+            """TRL's, with the generation batch shuffled by whole groups (:func:`group_order`), so that
+            samples sharing a prompt travel in the same micro-batch and are forwarded once."""
+            from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+
+            if not self.model.training or self.seal.recipe.shared_prefix is False:
+                return super()._prepare_inputs(generation_batch)
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self._step % generate_every == 0 or self._buffered_inputs is None:
+                batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))
+                size = len(next(v for v in batch.values() if v is not None))
+                order = group_order(size, self.num_generations)
+                batch = {k: _reordered(v, order) for k, v in batch.items()}
+                self._buffered_inputs = [unsplit_pixel_values_by_grid(b) for b in split_tensor_dict(batch, self.args.steps_per_generation)]
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                               compute_entropy=False, compute_aux_loss=False, **extra):  # fmt: skip
             import torch
 
             started = time.perf_counter()
-            output = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-            if not torch.is_grad_enabled():  # the no-grad passes before the update; the loss's own pass is in update/policy
-                kind = "update/reference" if model is self.ref_model else "update/old_logprobs"
+            grad = torch.is_grad_enabled()
+            kind = "update/policy" if grad else ("update/reference" if model is self.ref_model else "update/old_logprobs")
+            rows = rows_of(input_ids, attention_mask, logits_to_keep)
+            size = batch_size or len(rows.tokens)
+            trees = [pack([rows.tokens[i] for i in chunk]) for chunk in groups_of(rows.tokens, size)]
+            forwarded = sum(t.forwarded for t in trees)
+            tokens = self.seal.tokens
+            tokens[f"{kind}/rows"] += sum(map(len, rows.tokens))
+            if self._seal_shares(model, forwarded, sum(t.row_tokens for t in trees), grad, extra, compute_aux_loss):
+                output = self._seal_packed_logps(model, rows, trees, size, logits_to_keep, compute_entropy, grad)
+                tokens[f"{kind}/forwarded"] += forwarded
+            else:
+                output = super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra)
+                tokens[f"{kind}/forwarded"] += input_ids.numel()  # padded rows, as TRL forwards them
+            if not grad:  # the no-grad passes before the update; the loss's own pass is in update/policy
                 self.seal.timing[kind] += time.perf_counter() - started
             return output
+
+        _seal_checked: dict[int, str | None]
+        """per model (id of the unwrapped module): why packing is not used for it (None: it is)"""
+
+        def _seal_shares(self, model, forwarded, row_tokens, grad, extra, compute_aux_loss) -> bool:
+            """Whether this pass packs its rows as prefix trees (``shared_prefix``: auto/true/false)."""
+            setting = self.seal.recipe.shared_prefix
+            if setting is False or any(v is not None for v in extra.values()) or compute_aux_loss:
+                return False  # multimodal inputs and the MoE load-balancing loss take TRL's own path
+            if grad and self._seal_after_backward is None:
+                return False  # a backward outside training_step would recompute layers unswitched
+            if setting == "auto" and forwarded >= row_tokens:
+                return False
+            unwrapped = self.accelerator.unwrap_model(model)
+            checked = getattr(self, "_seal_checked", None)
+            if checked is None:
+                checked = self._seal_checked = {}
+            if id(unwrapped) not in checked:
+                checked[id(unwrapped)] = self._seal_check(model, unwrapped)
+            reason = checked[id(unwrapped)]
+            if reason and setting is True:
+                raise SealError(f"shared_prefix: true, but this model cannot be trained on shared prefixes: {reason}. "
+                                "Set shared_prefix: auto (falls back to TRL's path) or false.")  # fmt: skip
+            return reason is None
+
+        def _seal_check(self, model, unwrapped) -> str | None:
+            import torch
+
+            parameter = next(unwrapped.parameters())
+            tolerance = 2e-3 if parameter.dtype == torch.float32 else 0.25
+            training = unwrapped.training
+            unwrapped.eval()  # no dropout in the comparison
+            try:
+                reason = check_model(model, unwrapped.config.get_text_config().vocab_size, tolerance=tolerance)
+            finally:
+                unwrapped.train(training)
+            if reason and self.accelerator.is_main_process:
+                warnings.warn(f"Shared-prefix updates are off for this model: {reason}; TRL forwards every sample's "
+                              "whole sequence instead.", SealWarning, stacklevel=2)  # fmt: skip
+            return reason
+
+        def _seal_packed_logps(self, model, rows, trees, size, width, compute_entropy, grad):
+            """Each chunk of ``size`` rows forwarded once as a prefix tree; TRL's ``[B, C]`` layout back."""
+            import torch
+
+            unwrapped = self.accelerator.unwrap_model(model)
+            if grad:  # gradient checkpointing recomputes layers in the backward pass: keep them switched till then
+                if id(unwrapped) not in self._seal_switched:
+                    self._seal_after_backward.enter_context(attention_switched(unwrapped))
+                    self._seal_switched.add(id(unwrapped))
+                switched = nullcontext()
+            else:
+                switched = attention_switched(unwrapped)
+            logps, entropies = [], []
+            with switched:
+                for tree, chunk in zip(trees, groups_of(rows.tokens, size), strict=True):
+                    with self.accelerator.autocast():
+                        flat, entropy = forward_tree(model, tree, compute_entropy=compute_entropy)
+                    logps.append(gather_rows(flat, tree, rows, chunk, width))
+                    if compute_entropy:
+                        entropies.append(gather_rows(entropy, tree, rows, chunk, width))
+            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
         def _generate_and_score_completions(self, inputs):
             started = time.perf_counter()
@@ -91,6 +197,17 @@ def make_trainer_class():
             return output
 
     return SealGRPOTrainer
+
+
+def _reordered(value: Any, order: list[int]) -> Any:
+    """A generation-batch field in a new row order (tensors with a batch dimension and lists)."""
+    if value is None or (hasattr(value, "ndim") and value.ndim == 0):
+        return value
+    if hasattr(value, "ndim"):
+        import torch
+
+        return value[torch.tensor(order, device=value.device)]
+    return [value[i] for i in order]
 
 
 def _epoch_seeded(sampler_class: type) -> type:
