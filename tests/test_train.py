@@ -544,3 +544,29 @@ def test_the_turn_layout_trains_each_message_with_its_episodes_advantage(tiny_pa
     assert trained and all(t in messages for t in trained)  # one whole message each
     expected = sum(min(2, sum(m["role"] == "assistant" for m in r["messages"])) for r in rows)
     assert len(trained) == expected  # messages drawn, masked copies carry no loss
+
+
+@pytest.mark.parametrize("layout", ["episode", "turn"])
+def test_a_shared_prefix_update_equals_trls_own(tiny_path, tmp_path, layout):
+    """One optimizer step from the same seed and data through TRL's own log-probability path
+    (``shared_prefix: false``) and through the packed prefix tree (``true``): the same advantages, the
+    same updated weights; the packed update forwarded fewer tokens than its samples hold."""
+    from safetensors.torch import load_file
+
+    extra = {"grpo.max_steps": 1, "grpo.beta": 0.01, **({"layout": "turn", "turn_samples": 2} if layout == "turn" else {})}
+    runs = {}
+    for sharing in (False, True):
+        out = tmp_path / f"shared-{sharing}"
+        train(_recipe(tiny_path, shared_prefix=sharing, **extra), out)
+        runs[sharing] = out
+    key = lambda r: (r["task_id"], r["reward"], round(r["advantage_after"], 6))  # noqa: E731
+    assert sorted(map(key, _jsonl(runs[True] / "trajectories.jsonl"))) == sorted(map(key, _jsonl(runs[False] / "trajectories.jsonl")))
+    assert any(r["advantage_after"] != 0 for r in _jsonl(runs[True] / "trajectories.jsonl"))
+    packed, stock = load_file(runs[True] / "model" / "model.safetensors"), load_file(runs[False] / "model" / "model.safetensors")
+    initial = load_file(Path(tiny_path) / "model.safetensors")
+    assert any(not torch.equal(initial[k], packed[k]) for k in initial)  # the step moved the weights
+    assert all(torch.allclose(packed[k], stock[k], rtol=0, atol=1e-5) for k in stock)
+    updates = {s: next(m for m in _jsonl(runs[s] / "metrics.jsonl") if m["kind"] == "update") for s in runs}
+    for kind in ("policy", "reference"):
+        assert updates[True][f"update/{kind}/forwarded_tokens"] < updates[True][f"update/{kind}/rows_tokens"]
+        assert updates[False][f"update/{kind}/forwarded_tokens"] >= updates[False][f"update/{kind}/rows_tokens"]
