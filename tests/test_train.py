@@ -492,7 +492,7 @@ def test_tiny_heads_set_the_tiny_models_head_dim_and_vllms_cpu_attention_refuses
 
 def test_turn_samples_draw_messages_pad_with_masked_copies_and_carry_the_episode_reward(tiny_path):
     from seal_rl.rollout import Rollout
-    from seal_rl.train.trainer import turn_samples
+    from seal_rl.train.samples import turn_samples
     from seal_rl.trajectory import Trajectory
 
     def rollout(messages, reward=1.0, end_reason="completed", checker_error=None):

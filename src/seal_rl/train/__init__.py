@@ -9,7 +9,7 @@ rollouts), and the module that does each step:
    tokens);
 2. verification — the environment's verifier (:mod:`seal_rl.verify`) gives each episode its binary
    reward, which becomes the GRPO reward (an unscorable episode gets ``None`` and no advantage;
-   ``trainer``'s :func:`~seal_rl.train.trainer.trl_sample`);
+   ``samples``' :func:`~seal_rl.train.samples.trl_sample`);
 3. diagnosis — Ψ labels every turn (:func:`seal_rl.diagnose.add_diagnosis`, called by ``loop``);
 4. profile — labels from all ranks update the capability profile C_t (``loop``,
    :mod:`seal_rl.profile`);
@@ -41,8 +41,9 @@ from seal_rl.train.recipe import (
     recipe_fields, validate,
 )  # fmt: skip
 from seal_rl.train.run import train
-from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _drop_logs_after, latest_checkpoint, read_metrics
-from seal_rl.train.trainer import make_trainer_class, save_model, seal_reward, trl_sample
+from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _drop_logs_after, latest_checkpoint, read_metrics, save_model
+from seal_rl.train.samples import trl_sample, turn_samples
+from seal_rl.train.trainer import make_trainer_class, seal_reward
 from seal_rl.train.prepare import scenario, select_tasks, sft, warm_start
 
 __all__ = [
@@ -50,5 +51,5 @@ __all__ = [
     "SealLoop", "SealRecipe", "SealState", "ValidationConfig", "_drop_logs_after", "batch_layout", "latest_checkpoint",
     "load_recipe", "make_trainer_class", "read_metrics", "recipe_fields", "round_metrics", "round_summary",
     "save_model", "scalar_metrics", "scenario", "select_tasks", "seal_reward", "sft", "train", "trl_sample",
-    "update_summary", "validate", "warm_start",
+    "turn_samples", "update_summary", "validate", "warm_start",
 ]  # fmt: skip

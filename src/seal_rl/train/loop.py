@@ -38,8 +38,8 @@ from seal_rl.rollout import Budgets, DriverStats, derived_seed, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.recipe import SealRecipe
-from seal_rl.train.run_dir import METRICS_FILE, _best_validation
-from seal_rl.train.trainer import save_model, trl_sample, turn_samples
+from seal_rl.train.run_dir import METRICS_FILE, _best_validation, save_model
+from seal_rl.train.samples import trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
 
 

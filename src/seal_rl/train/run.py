@@ -29,9 +29,9 @@ from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, samples_per_task
 from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
-    read_metrics,
+    read_metrics, save_model,
 )  # fmt: skip
-from seal_rl.train.trainer import _fsdp_on_cpu, _seal_callback, _validation_callback, make_trainer_class, save_model, seal_reward
+from seal_rl.train.trainer import _fsdp_on_cpu, _seal_callback, _validation_callback, make_trainer_class, seal_reward
 from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
 
 

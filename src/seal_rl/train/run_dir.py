@@ -5,7 +5,8 @@ A run directory holds ``config.yaml`` (with the resolved task ids), ``metrics.js
 logs), ``trajectories.jsonl``, ``profile/``, ``interface/``, ``time.json``, ``checkpoints/``
 (each with ``seal_state.json``), ``tensorboard/`` and ``model/``; with a recipe's ``warm_start``
 also ``warm_start/``, with ``eval.keep_best`` also ``best/``. Resuming keeps only the log lines of
-rounds the checkpoint has seen (:func:`_drop_logs_after`).
+rounds the checkpoint has seen (:func:`_drop_logs_after`). :func:`save_model` writes ``model/`` and
+``best/`` as plain model directories, also from FSDP or ZeRO-3 shards.
 """
 
 from __future__ import annotations
@@ -80,3 +81,35 @@ def _tensorboard_dir(path: Path):
     finally:
         if chosen is None:
             os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
+
+
+def save_model(trainer: Any, path: Path) -> None:
+    """Save the policy as a plain transformers model directory (weights, config, tokenizer).
+
+    A collective: every rank must call it. ZeRO-3 gathers its 16-bit weights across ranks (on rank 0
+    alone it hangs); FSDP gathers a full state dict, which rank 0 writes itself — transformers'
+    ``save_pretrained`` would touch the still-sharded parameters on rank 0 alone and hang, and a
+    sharded state dict would write shards, not a model.
+    """
+    if not trainer.is_fsdp_enabled:
+        trainer.save_model(str(path))
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(str(path))
+        return
+    from safetensors.torch import save_file
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Collective; FSDP2 and FSDP1 alike: full tensors on rank 0, an empty dict elsewhere.
+    state_dict = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if trainer.accelerator.is_main_process:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if getattr(model.config, "tie_word_embeddings", False):
+            state_dict.pop("lm_head.weight", None)  # tied to the input embeddings; safetensors refuses shared tensors
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(str(path))
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(str(path))
+        trainer.processing_class.save_pretrained(str(path))
+    trainer.accelerator.wait_for_everyone()

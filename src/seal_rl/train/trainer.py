@@ -1,14 +1,15 @@
-"""The TRL integration: the GRPO trainer subclass, its callbacks and sampler, what it trains on,
-and saving the policy.
+"""The TRL integration: the GRPO trainer subclass, its callbacks and sampler.
 
-:func:`make_trainer_class` builds ``SealGRPOTrainer``, whose one change to TRL is A-Patch (SEAL
-Eq. 12) applied to the group advantages; its sampler draws each epoch's task order from (seed,
-epoch), so a resumed run replays the same order. The callbacks save the SEAL state into every
-checkpoint, copy TRL's logs into ``metrics.jsonl`` and run validation. :func:`trl_sample` is one
-episode as TRL trains on it; :func:`save_model` writes a plain model directory, also from FSDP
-or ZeRO-3 shards.
+:func:`make_trainer_class` builds ``SealGRPOTrainer``. Its change to TRL's algorithm is A-Patch
+(SEAL Eq. 12) applied to the group advantages; its change to TRL's arithmetic is the shared-prefix
+update (:mod:`seal_rl.train.prefix_tree`): every log-probability pass forwards a micro-batch as one
+prefix tree, and generation batches are shuffled by whole groups so that a group's samples share a
+micro-batch. Its sampler draws each epoch's task order from (seed, epoch), so a resumed run replays
+the same order. The callbacks save the SEAL state into every checkpoint, copy TRL's logs into
+``metrics.jsonl`` and run validation.
 
-Not here: what a round plays and logs (:mod:`seal_rl.train.loop`).
+Not here: what a round plays and logs (:mod:`seal_rl.train.loop`), what TRL trains on
+(:mod:`seal_rl.train.samples`), saving the policy (:func:`seal_rl.train.run_dir.save_model`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from seal_rl import jsonl
 from seal_rl.apatch import reweight
 from seal_rl.errors import SealError, SealWarning
-from seal_rl.rollout import Rollout, derived_seed
+from seal_rl.rollout import derived_seed
 from seal_rl.train.prefix_tree import (
     attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, pack, rows_of,
 )  # fmt: skip
@@ -283,90 +284,6 @@ def _validation_callback(loop: SealLoop, trainer: Any, updates_per_round: int, e
             return control
 
     return ValidationCallback()
-
-
-def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
-    """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward.
-
-    An episode that produced no tokens (its opening prompt exceeded ``max_prompt_tokens``, or its
-    first generation failed) cannot be handed to TRL as is (an empty completion crashes it): it
-    becomes one masked ``filler_token`` with no reward, so it carries no loss and no advantage, and
-    its record says why (``dropped``). Unscorable episodes (checker error, generation error) get
-    no reward either: TRL leaves them out of the group baseline and gives them advantage 0.
-    """
-    record, trajectory = rollout.record, rollout.trajectory
-    if not trajectory.completion_ids:
-        record["dropped"] = record["end_reason"]
-        return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
-    return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
-            "logprobs": trajectory.logprobs, "reward": _reward(record)}  # fmt: skip
-
-
-def _reward(record: dict[str, Any]) -> float | None:
-    """An episode's reward for TRL: None when it is unscorable (checker error, generation error)."""
-    unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
-    return None if unscorable else record["reward"]
-
-
-def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> list[dict[str, Any]]:
-    """What TRL trains on for one episode in the ``turn`` layout: ``count`` samples, each one model
-    message with the prompt it was generated from (the model's own template's rendering of the
-    conversation so far) and a loss mask of ones.
-
-    An episode with more messages gives ``count`` of them, drawn without replacement from
-    ``seed`` (in message order); one with fewer gives all of them, then masked copies of its last,
-    which carry no loss. Every sample has the episode's reward, so a task's group of
-    ``num_generations x count`` samples has the mean of its episodes' rewards and, up to Bessel's
-    correction, their spread: TRL's group advantage of each sample is its episode's (docs/training.md).
-    An episode with no message (or an unscorable one) gives samples with no reward, as
-    :func:`trl_sample` does.
-    """
-    import random
-
-    record, turns = rollout.record, rollout.trajectory.turns
-    reward = _reward(record)
-    if not turns:
-        record["dropped"] = record["end_reason"]
-        return [{"prompt_ids": rollout.trajectory.prompt_ids, "completion_ids": [filler_token], "env_mask": [0],
-                 "logprobs": [0.0], "reward": None}] * count  # fmt: skip
-    chosen = sorted(random.Random(seed).sample(range(len(turns)), count)) if len(turns) > count else list(range(len(turns)))
-    samples = [{"prompt_ids": turns[i][0], "completion_ids": turns[i][1], "env_mask": [1] * len(turns[i][1]),
-                "logprobs": turns[i][2], "reward": reward} for i in chosen]  # fmt: skip
-    last = samples[-1]
-    samples += [{**last, "env_mask": [0] * len(last["completion_ids"])}] * (count - len(samples))
-    return samples
-
-
-def save_model(trainer: Any, path: Path) -> None:
-    """Save the policy as a plain transformers model directory (weights, config, tokenizer).
-
-    A collective: every rank must call it. ZeRO-3 gathers its 16-bit weights across ranks (on rank 0
-    alone it hangs); FSDP gathers a full state dict, which rank 0 writes itself — transformers'
-    ``save_pretrained`` would touch the still-sharded parameters on rank 0 alone and hang, and a
-    sharded state dict would write shards, not a model.
-    """
-    if not trainer.is_fsdp_enabled:
-        trainer.save_model(str(path))
-        if trainer.accelerator.is_main_process:
-            trainer.processing_class.save_pretrained(str(path))
-        return
-    from safetensors.torch import save_file
-
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # Collective; FSDP2 and FSDP1 alike: full tensors on rank 0, an empty dict elsewhere.
-    state_dict = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if trainer.accelerator.is_main_process:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        if getattr(model.config, "tie_word_embeddings", False):
-            state_dict.pop("lm_head.weight", None)  # tied to the input embeddings; safetensors refuses shared tensors
-        path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
-        model.config.save_pretrained(str(path))
-        if model.generation_config is not None:
-            model.generation_config.save_pretrained(str(path))
-        trainer.processing_class.save_pretrained(str(path))
-    trainer.accelerator.wait_for_everyone()
 
 
 def _fsdp_on_cpu(trainer: Any) -> None:
