@@ -96,6 +96,17 @@ def test_grpo_moves_probability_toward_rewarded_completions(learned):
         assert after[(task, PLAIN)] < before[(task, PLAIN)] - 0.3
 
 
+def test_grpo_learns_under_bf16_autocast_with_shared_prefixes(tiny_model_dir, tmp_path, task_set):
+    """The same run with CPU bfloat16 autocast (float32 master weights) and shared-prefix updates:
+    the margin still grows by the same wide bar."""
+    out = _train(tiny_model_dir, tmp_path / "bf16", **{"grpo.bf16": True, "shared_prefix": True})
+    samples = _samples(tiny_model_dir, task_set)
+    before, after = _token_logprob(tiny_model_dir, samples), _token_logprob(out / "model", samples)
+    assert _margin(after) - _margin(before) > 1.0, (before, after)
+    updates = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "update"]
+    assert updates and all(u["update/policy/forwarded_tokens"] < u["update/policy/rows_tokens"] for u in updates)
+
+
 def test_apatch_weights_shift_the_update_toward_the_failures_they_weigh_up(learned):
     """A-Patch weighs the failed trajectories 1.5x here: relative to plain GRPO, the update must push
     the failures down more than it pulls the successes up (inverted weights do the opposite)."""

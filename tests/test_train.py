@@ -570,3 +570,54 @@ def test_a_shared_prefix_update_equals_trls_own(tiny_path, tmp_path, layout):
     for kind in ("policy", "reference"):
         assert updates[True][f"update/{kind}/forwarded_tokens"] < updates[True][f"update/{kind}/rows_tokens"]
         assert updates[False][f"update/{kind}/forwarded_tokens"] >= updates[False][f"update/{kind}/rows_tokens"]
+
+
+def test_under_bf16_the_first_steps_importance_ratio_is_1(tiny_path, tmp_path, monkeypatch):
+    """bf16 autocast on (float32 master weights), two optimizer steps per round, so TRL computes old
+    log-probabilities before the update: on the first step the policy's pass equals them (ratio 1),
+    because both passes run in the same precision and pack the same groups."""
+    import seal_rl.train.run as run_module
+    from seal_rl.train.trainer import make_trainer_class
+
+    calls = []
+
+    def recording_class():
+        base = make_trainer_class()
+
+        class Recording(base):
+            def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+                out = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+                mask = attention_mask[:, -logits_to_keep:].bool()
+                rows = [tuple(r[m].tolist()) for r, m in zip(input_ids[:, -logits_to_keep:], mask)]
+                calls.append((torch.is_grad_enabled(), self.accelerator.mixed_precision, rows,
+                              [x[m].detach().float() for x, m in zip(out[0], mask)]))  # fmt: skip
+                return out
+
+        return Recording
+
+    monkeypatch.setattr(run_module, "make_trainer_class", recording_class)
+    out = tmp_path / "bf16"
+    train(_recipe(tiny_path, **{"grpo.bf16": True, "grpo.tasks_per_update": 1, "grpo.max_steps": 2, "grpo.beta": 0.0}), out)
+    old = {row: logps for grad, _, rows, values in calls if not grad for row, logps in zip(rows, values)}
+    first_update = next(c for c in calls if c[0])
+    assert all(c[1] == "bf16" for c in calls)
+    assert len(old) >= 4 and all(row in old for row in first_update[2])
+    ratio_error = max((torch.exp(p - old[row]) - 1).abs().max().item() for row, p in zip(first_update[2], first_update[3]))
+    assert ratio_error < 1e-6, ratio_error
+    second_update = [c for c in calls if c[0]][1]
+    assert any(not torch.equal(p, old[row]) for row, p in zip(second_update[2], second_update[3]) if row in old)  # the policy moved
+
+
+def test_bf16_auto_follows_the_cpus_bfloat16_features():
+    from seal_rl.train.recipe import resolve_bf16
+
+    on, said = resolve_bf16("auto", cuda=False, capabilities={"amx_bf16": True, "avx512_bf16": True})
+    assert on and "AMX-BF16 and AVX512-BF16" in said and "float32 master weights" in said
+    off, said = resolve_bf16("auto", cuda=False, capabilities={"avx2": True})
+    assert not off and "neither AMX-BF16 nor AVX512-BF16" in said
+    assert resolve_bf16("auto", cuda=True) == (True, "grpo.bf16 auto: on (the GPU supports bfloat16)")
+    assert resolve_bf16(False, cuda=False)[0] is False and resolve_bf16(True, cuda=False)[0] is True
+    with pytest.raises(SealError, match="grpo.bf16 must be auto, true or false"):
+        load_recipe(ROOT / "configs" / "smoke-cpu.yaml", ["grpo.bf16=maybe"])
+    with pytest.raises(SealError, match="shared_prefix must be auto, true or false"):
+        load_recipe(ROOT / "configs" / "smoke-cpu.yaml", ["shared_prefix=sometimes"])

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from seal_rl.errors import SealError
 from seal_rl.plan.shapes import ModelShape
+from seal_rl.train.recipe import resolve_bf16
 
 if TYPE_CHECKING:
     from seal_rl.train.recipe import SealRecipe
@@ -56,16 +57,18 @@ def precision(recipe: SealRecipe, shape: ModelShape, device: str = "cuda") -> Pr
     weights (no master copy: Adam's moments in bfloat16).
 
     On CPU (``device="cpu"``) ``grpo.bf16`` is torch's CPU autocast: weights, gradients and Adam stay
-    in the loaded dtype (``model.dtype``, or the checkpoint's for ``auto``) and only the activations
-    are bfloat16.
+    in the loaded dtype (``model.dtype``; float32 for ``auto``, as ``seal train`` loads it) and only the
+    activations are bfloat16. ``grpo.bf16: auto`` is resolved for the planned device
+    (:func:`~seal_rl.train.recipe.resolve_bf16`: a GPU is assumed to support bfloat16; a CPU is this one).
     """
     dtype = shape.dtype if recipe.model.dtype == "auto" else recipe.model.dtype
     weight_bytes = DTYPE_BYTES.get(dtype, 4)
-    if recipe.grpo.bf16 and device == "cpu":
-        if weight_bytes == 4:
+    bf16, _ = resolve_bf16(recipe.grpo.bf16, cuda=device != "cpu")
+    if bf16 and device == "cpu":
+        if weight_bytes == 4 or recipe.model.dtype == "auto":  # seal train loads an auto checkpoint in float32 here
             return Precision("float32 weights, bf16 autocast: 4+4+8 bytes/param", 4, 4, 8, 2)
         return Precision("pure bf16 (no fp32 master): 2+2+4 bytes/param", 2, 2, 4, 2)
-    if recipe.grpo.bf16:
+    if bf16:
         return Precision("mixed bf16: 2+2+12 bytes/param", 2, 2, 12, 2)
     if weight_bytes == 4:
         return Precision("float32: 4+4+8 bytes/param", 4, 4, 8, 4)

@@ -196,11 +196,11 @@ def tree_attention(module: Any, query: Any, key: Any, value: Any, attention_mask
     if query.shape[0] != 1:
         raise UnsupportedModel(f"a packed tree is one row; got a batch of {query.shape[0]}")
     heads, kv_heads, head_dim = query.shape[1], key.shape[1], query.shape[-1]
-    if heads != kv_heads:  # grouped-query attention: each key/value head serves heads / kv_heads query heads
-        key = key.repeat_interleave(heads // kv_heads, dim=1)
-        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    gqa = heads != kv_heads  # grouped-query attention: SDPA maps heads // kv_heads query heads to each key head
     scale = scaling if scaling is not None else head_dim**-0.5
-    if s_aux is not None:
+    if s_aux is not None:  # a sink key per query head: key/value heads repeated first
+        if gqa:
+            key, value, gqa = key.repeat_interleave(heads // kv_heads, dim=1), value.repeat_interleave(heads // kv_heads, dim=1), False
         sinks = s_aux.to(query.dtype).view(1, heads, 1, 1)
         query = torch.cat([query, query.new_ones(*query.shape[:-1], 1)], dim=-1)
         key = torch.cat([key, key.new_zeros(*key.shape[:-1], 1)], dim=-1)
@@ -221,9 +221,9 @@ def tree_attention(module: Any, query: Any, key: Any, value: Any, attention_mask
                 mask = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()
             mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], dim=1)
         if mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa)
         outputs.append(out[..., :head_dim])
     out = torch.cat(outputs, dim=2)
     return out.transpose(1, 2).contiguous(), None

@@ -97,7 +97,12 @@ class GRPOSettings:
     use_bias_correction_kl: bool = False
     """multiply the KL term by the importance ratio (TRL's default True); off: the paper's plain
     low-variance KL"""
-    bf16: bool = False
+    bf16: Any = False
+    """``true`` | ``false`` | ``auto``: bfloat16 mixed precision. On GPUs, TRL's ``bf16``. On a CPU, torch's
+    CPU autocast with float32 master weights (a ``model.dtype: auto`` checkpoint in bfloat16 is loaded
+    in float32): matrix products in bfloat16, weights, gradients and Adam in float32. ``auto``: on
+    where the GPU supports bfloat16 or the CPU reports AMX-BF16 or AVX512-BF16, off otherwise; said
+    at start (:func:`resolve_bf16`)"""
     use_vllm: bool = False
     vllm_mode: str = "colocate"
     """only ``colocate`` is supported: TRL's server mode is a collective over all ranks, which
@@ -287,11 +292,41 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("grpo.vllm_tensor_parallel_size must be >= 1.")
     if recipe.model.path == "tiny":
         check_tiny_heads(recipe.model, vllm=g.use_vllm)
+    if g.bf16 not in (True, False, "auto"):
+        raise SealError(f"grpo.bf16 must be auto, true or false; got {g.bf16!r}.")
     if recipe.shared_prefix not in (True, False, "auto"):
         raise SealError(f"shared_prefix must be auto, true or false; got {recipe.shared_prefix!r}.")
     if recipe.prefix_cache_tokens < 0:
         raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
     check_report_to(g.report_to)
+
+
+BF16_CPU_FEATURES = ("amx_bf16", "avx512_bf16")
+"""CPU features whose bfloat16 matrix products make autocast pay (``torch.cpu.get_capabilities()``)"""
+
+
+def resolve_bf16(setting: Any, *, cuda: bool | None = None, capabilities: dict[str, Any] | None = None) -> tuple[bool, str]:
+    """``grpo.bf16`` on this machine (or on the one described: ``cuda``, CPU ``capabilities``), and
+    the line ``seal train`` prints about it."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    if setting is not True and setting is not False:  # auto
+        if cuda:
+            on = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+            return on, f"grpo.bf16 auto: {'on' if on else 'off'} (the GPU {'supports' if on else 'lacks'} bfloat16)"
+        if capabilities is None:
+            try:
+                capabilities = torch.cpu.get_capabilities()
+            except Exception:  # an older torch or an unknown CPU: no claim, no autocast
+                capabilities = {}
+        found = [f for f in BF16_CPU_FEATURES if capabilities.get(f)]
+        if found:
+            return True, (f"grpo.bf16 auto: on — this CPU reports {' and '.join(f.upper().replace('_', '-') for f in found)}: "
+                          "bfloat16 autocast with float32 master weights")  # fmt: skip
+        return False, "grpo.bf16 auto: off — this CPU reports neither AMX-BF16 nor AVX512-BF16 (autocast would be slower)"
+    where = "GPU" if cuda else "CPU autocast, float32 master weights"
+    return setting, f"grpo.bf16 {'on' if setting else 'off'}" + (f" ({where})" if setting else "")
 
 
 def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:

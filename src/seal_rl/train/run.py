@@ -26,7 +26,7 @@ from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
-from seal_rl.train.recipe import SealRecipe, batch_layout, samples_per_task
+from seal_rl.train.recipe import SealRecipe, batch_layout, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
     read_metrics, save_model,
@@ -102,6 +102,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         save_steps = g.save_steps or layout["updates_per_round"]
         if save_steps % layout["updates_per_round"]:
             raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
+        bf16, said = resolve_bf16(g.bf16)
+        if is_main:
+            _say(said)
         args = GRPOConfig(
             output_dir=str(out / "checkpoints"),
             per_device_train_batch_size=g.per_device_train_batch_size,
@@ -119,7 +122,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             temperature=g.temperature,
             top_p=g.top_p,
             seed=g.seed,
-            bf16=g.bf16,
+            bf16=bf16,
             weight_decay=g.weight_decay,
             use_bias_correction_kl=g.use_bias_correction_kl,
             use_vllm=g.use_vllm,
@@ -146,6 +149,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             if not torch.cuda.is_available():  # vLLM's CPU build would size its KV cache to most of the memory
                 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
+        if bf16 and dtype == "auto" and not torch.cuda.is_available():
+            dtype = torch.float32  # CPU autocast keeps float32 master weights (a bfloat16 checkpoint would train in pure bf16)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
