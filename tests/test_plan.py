@@ -244,7 +244,46 @@ def test_checkpointing_and_micro_batch_move_activations_the_right_way():
 
     base = activations()
     assert activations("model.gradient_checkpointing=false") > 5 * base
-    assert activations("grpo.per_device_train_batch_size=2") == pytest.approx(2 * base, rel=0.01)
+    assert activations("grpo.per_device_train_batch_size=2", "shared_prefix=false") == pytest.approx(2 * base, rel=0.01)
+    # sharing the prompt: two samples of a group forward 8192 + 2 x 4096 tokens, not 2 x 12288
+    assert activations("grpo.per_device_train_batch_size=2") == pytest.approx(base * 16384 / 12288, rel=0.01)
+
+
+def test_the_plan_counts_what_shared_prefixes_save():
+    """Per micro-batch: a group's prompt once and each episode's path once (turn layout: an episode's
+    samples lie on one path); the time estimate follows the forwarded tokens; micro-batch 1 saves nothing."""
+    from seal_rl.plan.memory import micro_batch_tokens
+
+    def recipe(*settings):
+        return load_recipe(PAPER, [*PAPER_SETTINGS, "grpo.per_device_train_batch_size=8", *settings])
+
+    episode = micro_batch_tokens(recipe())
+    assert (episode.held, episode.forwarded, episode.prompts, episode.paths) == (8 * 12288, 8192 + 8 * 4096, 1, 8)
+    turn = micro_batch_tokens(recipe("layout=turn", "turn_samples=4"))  # 8 samples = 2 episodes of one group
+    assert (turn.held, turn.forwarded, turn.paths) == (8 * 12288, 8192 + 2 * 4096, 2)
+    assert micro_batch_tokens(recipe("shared_prefix=false")).forwarded == 8 * 12288
+    assert not micro_batch_tokens(load_recipe(PAPER, PAPER_SETTINGS)).shared
+    shared, stock = (estimate(recipe(*s), gpus=4, gpu_memory_gb=80, num_tasks=400) for s in ((), ("shared_prefix=false",)))
+    assert shared.held_tokens == stock.trained_tokens == 256 * 12288
+    assert shared.trained_tokens == 32 * (8192 + 8 * 4096)  # 256 episodes = 32 micro-batches
+    assert shared.train_seconds_per_round == pytest.approx(stock.train_seconds_per_round * shared.trained_tokens / stock.trained_tokens)
+
+
+def test_a_recipe_that_fits_only_with_shared_prefixes_is_not_refused():
+    """Between the two totals the fit check follows the setting: with sharing it fits, without it is
+    refused before the first rollout."""
+    from seal_rl.fit import Machine, check_fit
+    from seal_rl.plan import GiB
+
+    def fit(sharing, memory):
+        recipe = load_recipe(PAPER, [*PAPER_SETTINGS, "grpo.per_device_train_batch_size=8", f"shared_prefix={sharing}",
+                                     "grpo.use_vllm=false", "generator=hf", "prefix_cache_tokens=0"])  # fmt: skip
+        return check_fit(recipe, Machine("cuda", 4, memory, "zero3", "4 GPUs"), num_tasks=400)
+
+    shared, stock = fit("auto", 80.0).plan.training_bytes, fit("false", 80.0).plan.training_bytes
+    assert shared < stock
+    between = (shared + stock) / 2 / GiB + 3  # plus the assumed overhead
+    assert fit("auto", between).fits and not fit("false", between).fits
 
 
 # -- the command --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from trl.trainer.utils import add_fused_lm_head
 
 from seal_rl.train.prefix_tree import (
     PackedTree, Segment, UnsupportedModel, attention_switched, check_model, forward_tree, gather_rows, group_order,
-    pack, rows_of, unsupported_reason,
+    pack, rows_of, scored_positions, unsupported_reason,
 )  # fmt: skip
 
 VOCAB = 211
@@ -146,7 +146,7 @@ def test_the_trl_layout_round_trips():
         assert read.tokens == rows and read.prompt == prompts
         tree = pack(read.tokens)
         with attention_switched(model):
-            flat, _ = forward_tree(model, tree, compute_entropy=False)
+            flat, _ = forward_tree(model, tree, compute_entropy=False, scored=scored_positions(tree, read, range(len(rows))))
         ours = gather_rows(flat, tree, read, range(len(rows)), width)
     completion = mask[:, cut:].bool()
     assert (ours - trl).abs()[completion].max() < LOGP_TOLERANCE

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from seal_rl.errors import SealError
 from seal_rl.plan.memory import (
     DEVICES, STRATEGIES, VLLM_DTYPE_BYTES, GiB, Precision, VLLMPlan, backbone_activation_bytes, gathered_parameter_bytes,
-    kv_cache_bytes_per_token, lm_head_bytes, materialised_logits_bytes, model_states, precision,
+    kv_cache_bytes_per_token, lm_head_bytes, materialised_logits_bytes, micro_batch_tokens, model_states, precision,
+    tree_attention_bytes,
 )  # fmt: skip
 from seal_rl.plan.shapes import ModelShape, model_shape
 
@@ -89,6 +90,9 @@ class Plan:
     training_budget: int
     vllm: VLLMPlan | None
     trained_tokens: int
+    """tokens the update forwards per round (each shared prefix once when the update shares them)"""
+    held_tokens: int
+    """tokens the update's samples hold per round (what TRL alone forwards)"""
     generated_tokens: int
     forwards: float
     forward_flops_per_token: float
@@ -180,7 +184,7 @@ def estimate(
     tasks) to the recipe's task selection, as ``seal train`` makes it. ``device="cpu"``: ``gpus``
     processes on one host, each with ``gpu_memory_gb`` of its RAM (see :func:`precision`).
     """
-    from seal_rl.train.recipe import batch_layout
+    from seal_rl.train.recipe import batch_layout, samples_per_task
 
     if gpus < 1:
         raise SealError(f"--gpus must be at least 1; got {gpus}.")
@@ -236,14 +240,17 @@ def estimate(
     num_tasks = _training_tasks(recipe) if num_tasks is None else num_tasks
     rounds, steps = run_length(recipe, layout, num_tasks)
     episodes = g.tasks_per_step * g.num_generations
+    tokens = micro_batch_tokens(recipe)
+    micro_batches = g.tasks_per_step * samples_per_task(recipe) // b  # over all processes
     generated_per_episode = min(completion, int(recipe.env.get("max_model_calls", 20)) * budgets["max_new_tokens"])
     return Plan(
         model=recipe.model.path, shape=shape, gpus=gpus, gpu_memory=gpu_memory, strategy=strategy, precision=p,
         checkpointing=recipe.model.gradient_checkpointing, micro_batch=b, prompt_tokens=prompt, completion_tokens=completion,
         layout=layout, episodes=episodes, num_tasks=num_tasks, rounds=rounds, steps=steps, memory=memory,
-        activations_other=backbone_activation_bytes(shape, b, sequence, p.activation_bytes, not recipe.model.gradient_checkpointing),
+        activations_other=_activations(shape, recipe, p.activation_bytes, not recipe.model.gradient_checkpointing),
         logits_if_materialised=materialised_logits_bytes(shape, b * completion), training_budget=training_budget,
-        vllm=vllm, trained_tokens=episodes * sequence, generated_tokens=episodes * generated_per_episode,
+        vllm=vllm, trained_tokens=micro_batches * tokens.forwarded, held_tokens=micro_batches * tokens.held,
+        generated_tokens=episodes * generated_per_episode,
         forwards=forward_passes(recipe, layout), forward_flops_per_token=forward_flops_per_token(shape, sequence),
         gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes, device=device,
     )  # fmt: skip
@@ -273,12 +280,30 @@ def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: 
     b, a, ckpt = g.per_device_train_batch_size, p.activation_bytes, recipe.model.gradient_checkpointing
     completion = recipe.budgets["max_completion_tokens"]
     sequence = recipe.budgets["max_prompt_tokens"] + completion
-    memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {'checkpointed' if ckpt else 'no checkpointing'})",
-                             backbone_activation_bytes(shape, b, sequence, a, ckpt),
-                             "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"))  # fmt: skip
+    tokens = micro_batch_tokens(recipe)
+    rule = "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"
+    if tokens.shared:
+        memory.append(MemoryLine(f"activations ({tokens.forwarded:,} of {tokens.held:,} tokens: shared prefix, "
+                                 f"{'checkpointed' if ckpt else 'no checkpointing'})", _activations(shape, recipe, a, ckpt), rule))
+        memory.append(MemoryLine(f"tree attention: keys and values of {tokens.paths} branch(es)",
+                                 tree_attention_bytes(shape, tokens, a, ckpt), f"paths x {tokens.path_tokens} x 2·kv_dim"
+                                 + ("" if ckpt else " x L")))  # fmt: skip
+    else:
+        memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {'checkpointed' if ckpt else 'no checkpointing'})",
+                                 _activations(shape, recipe, a, ckpt), rule))  # fmt: skip
     memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)", lm_head_bytes(shape, b * completion, a, p.weight_bytes),
                              f"{b} x {completion} completion tokens"))  # fmt: skip
     return memory
+
+
+def _activations(shape: ModelShape, recipe: SealRecipe, a: int, checkpointing: bool) -> int:
+    """The decoder stack's activations for one micro-batch: its rows padded to the budgets, or the
+    packed prefix tree when the update shares prefixes (:func:`micro_batch_tokens`)."""
+    tokens = micro_batch_tokens(recipe)
+    if tokens.shared:
+        return backbone_activation_bytes(shape, 1, tokens.forwarded, a, checkpointing)
+    sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
+    return backbone_activation_bytes(shape, recipe.grpo.per_device_train_batch_size, sequence, a, checkpointing)
 
 
 def _vllm_plan(recipe: SealRecipe, shape: ModelShape, gpus: int, gpu_memory: int, assumptions: Assumptions) -> VLLMPlan:

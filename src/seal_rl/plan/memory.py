@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from seal_rl.errors import SealError
 from seal_rl.plan.shapes import ModelShape
-from seal_rl.train.recipe import resolve_bf16
+from seal_rl.train.recipe import resolve_bf16, samples_per_task
 
 if TYPE_CHECKING:
     from seal_rl.train.recipe import SealRecipe
@@ -159,6 +159,52 @@ def backbone_activation_bytes(shape: ModelShape, sequences: int, length: int, a:
     per_layer = layer_activation_bytes_per_token(shape, a)
     layers = shape.num_layers * a * h + per_layer if checkpointing else shape.num_layers * per_layer
     return tokens * (layers + per_token) + length * 2 * a * shape.head_dim
+
+
+@dataclass(frozen=True)
+class MicroBatchTokens:
+    """One micro-batch of the update at the budgets (every sample at full length)."""
+
+    held: int
+    """tokens its samples hold: what TRL forwards (``micro_batch`` x (prompt + completion))"""
+    forwarded: int
+    """tokens a shared-prefix update forwards: each shared prompt once, each episode's path once"""
+    prompts: int
+    """distinct prompts (GRPO groups) in it"""
+    paths: int
+    """branches below the prompts: its episodes"""
+    path_tokens: int
+    """tokens on one root-to-leaf path (prompt + completion): the keys a branch gathers"""
+    shared: bool
+
+
+def micro_batch_tokens(recipe: SealRecipe) -> MicroBatchTokens:
+    """Tokens of one micro-batch with and without ``shared_prefix`` (``auto`` is counted as on: the
+    plan cannot probe the model; a model the probe refuses takes TRL's path and the ``held`` count).
+
+    A micro-batch of ``b`` samples holds whole groups (``seal train`` shuffles by group): it has
+    ⌈b / group⌉ prompts of ``max_prompt_tokens``. In the ``episode`` layout each sample is a path of
+    ``max_completion_tokens`` below its prompt; in the ``turn`` layout an episode's samples lie on one
+    path (each message's prompt holds the conversation before it), so ⌈b / turn_samples⌉ paths.
+    """
+    b = recipe.grpo.per_device_train_batch_size
+    prompt, completion = recipe.budgets["max_prompt_tokens"], recipe.budgets["max_completion_tokens"]
+    held = b * (prompt + completion)
+    group = samples_per_task(recipe)
+    prompts = -(-b // group)
+    paths = -(-b // recipe.turn_samples) if recipe.layout == "turn" else b
+    shared = recipe.shared_prefix is not False and prompts * prompt + paths * completion < held
+    forwarded = prompts * prompt + paths * completion if shared else held
+    return MicroBatchTokens(held, forwarded, prompts, paths, prompt + completion, shared)
+
+
+def tree_attention_bytes(shape: ModelShape, tokens: MicroBatchTokens, a: int, checkpointing: bool) -> int:
+    """What the tree attention adds for backward: each branch's keys and values gathered along its
+    path (prompt + its own tokens, 2 x kv_dim each), per layer without checkpointing, one layer with."""
+    if not tokens.shared:
+        return 0
+    per_layer = tokens.paths * tokens.path_tokens * 2 * shape.kv_dim * a
+    return per_layer * (1 if checkpointing else shape.num_layers)
 
 
 def lm_head_bytes(shape: ModelShape, completion_tokens: int, a: int, weight_bytes: int) -> int:

@@ -77,8 +77,10 @@ def render(plan: Plan, budgets: str | None = None) -> str:
     lines += [
         "",
         "tokens and time per round (upper bounds: every episode at full length; estimate)",
-        f"  trained   <= {plan.episodes} x {plan.longest_sequence} = {plan.trained_tokens / 1e6:.2f} M tokens; "
-        f"{plan.forwards:g} forward-equivalents x {plan.forward_flops_per_token / 1e9:.1f} GFLOP/token "
+        (f"  trained   <= {plan.held_tokens / 1e6:.2f} M tokens held, {plan.trained_tokens / 1e6:.2f} M forwarded "
+         "(shared prefixes once); " if plan.trained_tokens < plan.held_tokens else
+         f"  trained   <= {plan.held_tokens // plan.longest_sequence} x {plan.longest_sequence} = {plan.trained_tokens / 1e6:.2f} M tokens; ")
+        + f"{plan.forwards:g} forward-equivalents x {plan.forward_flops_per_token / 1e9:.1f} GFLOP/token "
         f"-> {_duration(plan.train_seconds_per_round)}",
         f"  generated <= {plan.episodes} x {plan.generated_tokens // plan.episodes} = {plan.generated_tokens / 1e6:.2f} M tokens "
         f"at {plan.gen_tokens_per_s:,.0f} tokens/s per GPU -> {_duration(plan.generation_seconds_per_round)}",

@@ -311,9 +311,15 @@ def rows_of(input_ids: Any, attention_mask: Any, logits_to_keep: int) -> Rows:
     return Rows(tokens, prompt, scored)
 
 
-def forward_tree(model: Any, tree: PackedTree, *, compute_entropy: bool) -> tuple[Any, Any]:
+def scored_positions(tree: PackedTree, rows: Rows, offset: Sequence[int]) -> list[int]:
+    """Packed indices of the completion tokens of ``rows`` (indices ``offset``) that ``tree`` packs."""
+    return sorted({tree.where[i][d] for i, r in enumerate(offset) for d in range(rows.prompt[r], rows.prompt[r] + rows.scored[r])})
+
+
+def forward_tree(model: Any, tree: PackedTree, *, compute_entropy: bool, scored: Sequence[int] | None = None) -> tuple[Any, Any]:
     """One forward of the packed row through TRL's fused LM head: per packed index ``j`` the
-    log-probability (and entropy) of token ``j`` given the path before it, at index ``j - 1``.
+    log-probability (and entropy) of token ``j`` given the path before it, at index ``j - 1``, for
+    ``j`` in ``scored`` (default: every token; elsewhere 0 — on GPUs the head skips them).
 
     The model's attention must be switched (:func:`attention_switched`) around this call and, when
     gradients flow through checkpointed layers, around the backward pass too.
@@ -323,7 +329,12 @@ def forward_tree(model: Any, tree: PackedTree, *, compute_entropy: bool) -> tupl
     device = next(model.parameters()).device
     ids = torch.tensor([tree.input_ids], dtype=torch.long, device=device)
     positions = torch.tensor([tree.position_ids], dtype=torch.long, device=device)
-    out = model(input_ids=ids, position_ids=positions, labels=ids, fused_lm_head=True, **{TREE_KWARG: tree})
+    labels = ids
+    if scored is not None:
+        labels = torch.full_like(ids, -100)
+        index = torch.tensor(list(scored), dtype=torch.long, device=device)
+        labels[0, index] = ids[0, index]
+    out = model(input_ids=ids, position_ids=positions, labels=labels, fused_lm_head=True, **{TREE_KWARG: tree})
     return out.log_probs[0], (out.entropy[0] if compute_entropy else None)
 
 

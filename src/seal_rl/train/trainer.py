@@ -27,7 +27,7 @@ from seal_rl.apatch import reweight
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.rollout import derived_seed
 from seal_rl.train.prefix_tree import (
-    attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, pack, rows_of,
+    attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, pack, rows_of, scored_positions,
 )  # fmt: skip
 from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE
 
@@ -172,7 +172,8 @@ def make_trainer_class():
             with switched:
                 for tree, chunk in zip(trees, groups_of(rows.tokens, size), strict=True):
                     with self.accelerator.autocast():
-                        flat, entropy = forward_tree(model, tree, compute_entropy=compute_entropy)
+                        flat, entropy = forward_tree(model, tree, compute_entropy=compute_entropy,
+                                                     scored=scored_positions(tree, rows, chunk))
                     logps.append(gather_rows(flat, tree, rows, chunk, width))
                     if compute_entropy:
                         entropies.append(gather_rows(entropy, tree, rows, chunk, width))
