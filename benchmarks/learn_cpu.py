@@ -3,7 +3,8 @@ where its time and tokens went (shared by ``bench_vllm_cpu.py`` and ``bench_layo
 
 From the run's ``metrics.jsonl`` and ``time.json``: the validation curve (greedy, strict, on the
 recipe's four tasks: warm start → after each round), seconds per phase (cumulative in
-``time.json``), and TRL's ``num_tokens`` (every prompt and completion token the update read).
+``time.json``), TRL's ``num_tokens`` (every prompt and completion token the update read) and the
+tokens the policy's pass forwarded (``kind: update`` lines; fewer with shared prefixes).
 "round" is one SEAL round: generation, environment, diagnosis, A-Patch, weight sync and the update
 with its validation; "start" is everything else (warm start SFT, model load, an engine's start).
 """
@@ -34,6 +35,7 @@ def run_arm(arm: str, sets: list[str], out: Path, seed: int) -> dict:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [line["validation/average"] for line in lines if line.get("kind") == "validation"]
     tokens = [float(line["num_tokens"]) for line in lines if line.get("kind") == "trainer" and "num_tokens" in line]
+    forwarded = sum(line.get("update/policy/forwarded_tokens", 0) for line in lines if line.get("kind") == "update")
     seconds = timing["time/seconds"]
     rounds = timing["round"]
     in_rounds = sum(seconds.get(phase, 0.0) for phase in ROUND_PHASES)
@@ -43,4 +45,5 @@ def run_arm(arm: str, sets: list[str], out: Path, seed: int) -> dict:
         "generation": seconds["generation"] / rounds, "update": seconds["optimisation"] / rounds,
         "weight_sync": seconds.get("weight_sync", 0.0) / rounds,
         "tokens": (max(tokens) / rounds) if tokens else 0.0,
+        "forwarded": forwarded / rounds,
     }  # fmt: skip

@@ -5,6 +5,7 @@ are caught by the same comparison; model families that mix tokens outside attent
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -19,6 +20,8 @@ from seal_rl.train.prefix_tree import (
     pack, rows_of, scored_positions, unsupported_reason,
 )  # fmt: skip
 
+DEVICE = os.environ.get("SEAL_TEST_DEVICE", "cpu")
+"""where the models run: ``SEAL_TEST_DEVICE=cuda`` runs the same tests on a GPU (SDPA's CUDA kernels)"""
 VOCAB = 211
 LOGP_TOLERANCE = 2e-5  # the probe in DESIGN.md §9 saw 2.1e-5 on a real 135M model at 6.6k tokens
 GRADIENT_TOLERANCE = 1e-4  # relative, per parameter
@@ -29,7 +32,7 @@ notices positions, so a broken tree would differ by little more than float noise
 
 def _model(config) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().to(DEVICE)
     model.train()  # dropout is 0 in these configs; train mode as in the update
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     return model
@@ -72,7 +75,7 @@ def _alone(model, rows, prompts):
     """Each row forwarded alone: per row the log-probs of its completion tokens, and the weighted loss."""
     logps = []
     for row, p in zip(rows, prompts, strict=True):
-        ids = torch.tensor([row])
+        ids = torch.tensor([row], device=DEVICE)
         logps.append(model(input_ids=ids, labels=ids, fused_lm_head=True).log_probs[0, p - 1:])
     return logps
 
@@ -81,7 +84,7 @@ def _packed(model, rows, prompts, tree: PackedTree | None = None):
     tree = tree or pack(rows)
     with attention_switched(model):
         flat, _ = forward_tree(model, tree, compute_entropy=False)
-    return [flat[torch.tensor(tree.where[r][p:]) - 1] for r, p in enumerate(prompts)]
+    return [flat[torch.tensor(tree.where[r][p:], device=DEVICE) - 1] for r, p in enumerate(prompts)]
 
 
 def _loss_and_grads(model, logps, weights):
@@ -138,6 +141,7 @@ def test_the_trl_layout_round_trips():
     for i, (row, p) in enumerate(zip(rows, prompts)):
         ids[i, cut - p:cut], mask[i, cut - p:cut] = torch.tensor(row[:p]), 1
         ids[i, cut:cut + len(row) - p], mask[i, cut:cut + len(row) - p] = torch.tensor(row[p:]), 1
+    ids, mask = ids.to(DEVICE), mask.to(DEVICE)
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-width] = -100
     with torch.no_grad():
@@ -196,13 +200,13 @@ def _shifted(model, rows, prompts):
 def _plain_causal(model, rows, prompts):
     """The packed row under a plain causal mask (every suffix sees every earlier suffix)."""
     tree = pack(rows)
-    ids, positions = torch.tensor([tree.input_ids]), torch.tensor([tree.position_ids])
+    ids, positions = torch.tensor([tree.input_ids], device=DEVICE), torch.tensor([tree.position_ids], device=DEVICE)
     switched, model.config._attn_implementation = model.config._attn_implementation, "sdpa"  # no checkpointing here
     try:
         flat = model(input_ids=ids, position_ids=positions, labels=ids, fused_lm_head=True).log_probs[0]
     finally:
         model.config._attn_implementation = switched
-    return [flat[torch.tensor(tree.where[r][p:]) - 1] for r, p in enumerate(prompts)]
+    return [flat[torch.tensor(tree.where[r][p:], device=DEVICE) - 1] for r, p in enumerate(prompts)]
 
 
 @pytest.mark.parametrize("broken", [_leaky, _shifted, _plain_causal], ids=["suffix-sees-suffix", "shifted-positions", "plain-causal"])
@@ -216,7 +220,7 @@ def test_a_broken_tree_fails_the_comparison(broken):
 def test_the_attention_refuses_what_it_does_not_implement():
     model = _llama()
     tree = pack([_tokens(5, 1)])
-    q = torch.zeros(1, 4, 5, 8)
+    q = torch.zeros(1, 4, 5, 8, device=DEVICE)
     with pytest.raises(UnsupportedModel, match="softcap"):
         from seal_rl.train.prefix_tree import tree_attention
 
@@ -256,7 +260,7 @@ def test_model_families_are_exact(name):
 def _eager(config):
     """gpt-oss's own attention is eager (its sinks have no SDPA form in transformers)."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().to(DEVICE)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_()  # zero-initialised sinks would hide a sink that is dropped
@@ -317,3 +321,46 @@ def test_random_rows_in_random_order_are_exact():
         prompts.append(len(p))
     logp, loss, grad = _compare(model, rows, prompts)
     assert logp < LOGP_TOLERANCE and grad < GRADIENT_TOLERANCE, (logp, grad)
+
+
+# -- a real model, as the trainer holds it --------------------------------------------------------
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_a_real_model_prepared_by_accelerate_passes_the_probe_and_packs(smollm2_dir, mixed_precision, request):
+    """SmolLM2-135M-Instruct, prepared by accelerate as the trainer's model is (under bf16 its forward
+    is wrapped in autocast): the probe compares in float32 and passes, the trainer's pass packs, and its
+    log-probabilities equal TRL's own path's (float32: to float order; bf16: to bf16 noise)."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from seal_rl.train.trainer import make_trainer_class
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # a process-wide singleton: this test sets its precision
+    request.addfinalizer(lambda: AcceleratorState._reset_state(reset_partial_state=True))
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    trainer = object.__new__(make_trainer_class())  # the real methods, without a dataset or a run
+    trainer.accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision)
+    model = trainer.accelerator.prepare_model(model)
+    trainer.seal = SimpleNamespace(recipe=SimpleNamespace(shared_prefix=True), tokens=Counter(), timing=Counter())
+    trainer.ref_model = None
+    prompt = _tokens(60, 31)
+    rows = [prompt + _tokens(n, 40 + n) for n in (9, 4, 13)]
+    width = 13
+    ids = torch.zeros(3, 60 + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+    with torch.no_grad():
+        packed, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, width, 3)
+        trainer.seal.recipe.shared_prefix = False
+        stock, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, width, 3)
+    assert trainer._seal_checked and set(trainer._seal_checked.values()) == {None}  # the probe passed
+    assert trainer.seal.tokens["update/old_logprobs/forwarded"] < 2 * trainer.seal.tokens["update/old_logprobs/rows"]
+    completion = mask[:, 60:].bool()
+    tolerance = LOGP_TOLERANCE * 10 if mixed_precision == "no" else 0.5
+    assert (packed - stock).abs()[completion].max() < tolerance

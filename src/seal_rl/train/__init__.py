@@ -20,12 +20,14 @@ rollouts), and the module that does each step:
 6. TRL update — TRL computes the group advantages (gathered across ranks);
    ``SealGRPOTrainer`` (``trainer``) multiplies them by w_j (Eq. 12) — its one override of TRL —
    and ``loop`` logs the round: trajectories, metrics, profile, Ω; TRL then runs the optimizer
-   steps;
+   steps, whose log-probability passes (policy, old, reference) forward each micro-batch once as a
+   prefix tree (``prefix_tree``: a group's shared prompt is computed once, exactly);
 7. validation — every ``eval.every_rounds`` rounds a callback (``trainer``) has ``loop`` play the
    held-out tasks greedily and strictly with the interface removed, keeping the best model;
 8. checkpoint — TRL saves model, optimizer and RNG, and a callback (``trainer``) adds the SEAL state
    (C_t, Ω_t, ρ, round) that ``--resume`` restores (``run_dir``).
 
+What TRL trains on (an episode, or its messages in the ``turn`` layout) is built by ``samples``.
 Around the rounds: ``recipe`` loads and checks the recipe and derives the batch layout;
 ``prepare`` selects the training and validation tasks, prepares the model and runs the optional
 supervised warm start (``seal sft``); ``run`` is :func:`train`, which wires it all together;

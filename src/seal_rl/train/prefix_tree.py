@@ -351,6 +351,26 @@ def gather_rows(flat: Any, tree: PackedTree, rows: Rows, offset: Sequence[int], 
     return flat[index.clamp(min=0)].masked_fill(index < 0, 0.0)
 
 
+@contextmanager
+def own_precision(model: Any) -> Iterator[None]:
+    """Within the block, ``model`` runs in its weights' own precision: without the autocast wrapper
+    accelerate puts on ``forward`` for mixed precision (kept in ``_original_forward``), and without
+    an enclosing autocast. The probe of :func:`check_model` compares structure, not precision."""
+    import torch
+
+    original = model.__dict__.get("_original_forward")
+    wrapped = model.__dict__.get("forward")
+    device = next(model.parameters()).device.type
+    if original is not None:
+        model.forward = original
+    try:
+        with torch.autocast(device, enabled=False):
+            yield
+    finally:
+        if original is not None:
+            model.forward = wrapped
+
+
 def check_model(model: Any, vocab_size: int, *, tolerance: float) -> str | None:
     """Compare the packed path with each row forwarded alone on a small probe (three rows sharing
     prefixes of different lengths, one a prefix of another); None if they agree within

@@ -217,5 +217,8 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         f"max_steps {g.max_steps}",
         *([f"  layout turn: {recipe.turn_samples} samples per episode (one model message each, prompted by the model's own "
            f"template), micro-batches count samples"] if recipe.layout == "turn" else []),
+        "  update: " + {True: "shared prefixes on", False: "shared prefixes off (TRL forwards every sample whole)",
+                        "auto": "shared prefixes auto"}[recipe.shared_prefix]  # fmt: skip
+        + ("" if recipe.shared_prefix is False else " (each micro-batch forwarded once as a prefix tree; the round log counts the tokens)"),
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip

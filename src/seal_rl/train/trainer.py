@@ -27,7 +27,8 @@ from seal_rl.apatch import reweight
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.rollout import derived_seed
 from seal_rl.train.prefix_tree import (
-    attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, pack, rows_of, scored_positions,
+    attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, own_precision, pack, rows_of,
+    scored_positions,
 )  # fmt: skip
 from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE
 
@@ -47,8 +48,11 @@ def make_trainer_class():
     class SealGRPOTrainer(GRPOTrainer):
         """GRPOTrainer whose advantages are reweighted per trajectory (SEAL Eq. 12).
 
-        The only override: after TRL computes the group-relative advantages (gathered across
-        ranks), each local trajectory's advantage is multiplied by its A-Patch weight.
+        The one change to the algorithm: after TRL computes the group-relative advantages (gathered
+        across ranks), each local trajectory's advantage is multiplied by its A-Patch weight. The
+        rest changes how, not what: the log-probability passes pack shared prefixes
+        (``_get_per_token_logps_and_entropies``; exact up to float order) and generation batches are
+        shuffled by whole groups (``_prepare_inputs``).
         """
 
         seal: SealLoop
@@ -63,7 +67,7 @@ def make_trainer_class():
 
         _seal_after_backward: ExitStack | None = None
         """open during ``training_step``: what must stay in force until its backward pass is done"""
-        _seal_switched: set[int] = set()
+        _seal_switched: set[int]
         """models (ids) whose attention is switched to the packed tree until the end of ``training_step``"""
 
         def training_step(self, model, inputs, num_items_in_batch):
@@ -126,19 +130,17 @@ def make_trainer_class():
                 return False  # multimodal inputs and the MoE load-balancing loss take TRL's own path
             if grad and self._seal_after_backward is None:
                 return False  # a backward outside training_step would recompute layers unswitched
-            if setting == "auto" and forwarded >= row_tokens:
-                return False
             unwrapped = self.accelerator.unwrap_model(model)
             checked = getattr(self, "_seal_checked", None)
             if checked is None:
                 checked = self._seal_checked = {}
-            if id(unwrapped) not in checked:
+            if id(unwrapped) not in checked:  # before anything rank-dependent: under FSDP the probe's forwards are collectives
                 checked[id(unwrapped)] = self._seal_check(model, unwrapped)
             reason = checked[id(unwrapped)]
             if reason and setting is True:
                 raise SealError(f"shared_prefix: true, but this model cannot be trained on shared prefixes: {reason}. "
                                 "Set shared_prefix: auto (falls back to TRL's path) or false.")  # fmt: skip
-            return reason is None
+            return reason is None and not (setting == "auto" and forwarded >= row_tokens)
 
         def _seal_check(self, model, unwrapped) -> str | None:
             import torch
@@ -148,7 +150,8 @@ def make_trainer_class():
             training = unwrapped.training
             unwrapped.eval()  # no dropout in the comparison
             try:
-                reason = check_model(model, unwrapped.config.get_text_config().vocab_size, tolerance=tolerance)
+                with own_precision(unwrapped):  # bf16 noise (~0.2 in a token's log-prob) would hide a leak or fail the probe
+                    reason = check_model(model, unwrapped.config.get_text_config().vocab_size, tolerance=tolerance)
             finally:
                 unwrapped.train(training)
             if reason and self.accelerator.is_main_process:
