@@ -319,6 +319,12 @@ def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
     assert sum(r["episodes"] for r in state["profile"]["rounds"]) == 4  # the profile saw every rank
 
 
+def _assert_packed(out):
+    """Every update of the run forwarded its micro-batches as prefix trees (fewer tokens than its samples hold)."""
+    updates = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "update"]
+    assert updates and all(0 < u["update/policy/forwarded_tokens"] < u["update/policy/rows_tokens"] for u in updates), updates
+
+
 def test_fsdp2_on_two_cpu_processes_matches_one_process_and_saves_a_model(uninterrupted, tiny_path, tmp_path):
     """accelerate launch with the shipped FSDP2 CPU config (gloo): same A-Patch advantages and the
     same weights as the single-process run on the same data; the final model/ reloads."""
@@ -330,11 +336,12 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_and_saves_a_model(uninte
     port = _free_port()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
                "--main_process_port", port, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
-               "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 1})]  # fmt: skip
+               "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 2})]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "find_unused_parameters" not in result.stderr  # sharded by FSDP, not replicated by DDP
+    _assert_packed(out)
     key = lambda r: (r["round"], r["task_id"], r["reward"], round(r["advantage_before"], 5), round(r["advantage_after"], 5))  # noqa: E731
     assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
     assert any(r["advantage_after"] != r["advantage_before"] for r in _jsonl(out / "trajectories.jsonl"))  # A-Patch acted
@@ -376,7 +383,7 @@ def test_deepspeed_zero3_on_two_cpu_processes_matches_one_process_and_saves_a_mo
     out = tmp_path / "zero3"
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "deepspeed_zero3-cpu.yaml"),
                "--main_process_port", _free_port(), "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
-               "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 1, "eval.every_rounds": 2,
+               "--out", str(out), "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 2, "eval.every_rounds": 2,
                                                                     "eval.holdout": 3})]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
@@ -385,6 +392,7 @@ def test_deepspeed_zero3_on_two_cpu_processes_matches_one_process_and_saves_a_mo
     assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
     validations = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "validation"]
     assert [v["round"] for v in validations] == [0, 2] and all(v["validation/episodes"] == 3 for v in validations)
+    _assert_packed(out)
     sharded, single = load_file(out / "model" / "model.safetensors"), load_file(reference / "model" / "model.safetensors")
     assert sharded.keys() == single.keys() and all(sharded[k].shape == single[k].shape for k in single)
     assert all(torch.allclose(sharded[k], single[k], rtol=0, atol=1e-5) for k in single)
