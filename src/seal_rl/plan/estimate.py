@@ -281,16 +281,14 @@ def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: 
     completion = recipe.budgets["max_completion_tokens"]
     sequence = recipe.budgets["max_prompt_tokens"] + completion
     tokens = micro_batch_tokens(recipe)
-    rule = "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"
+    held = f"{tokens.forwarded:,} of {tokens.held:,} tokens: shared prefix" if tokens.shared else f"{b} x {sequence} tokens"
+    memory.append(MemoryLine(f"activations ({held}, {'checkpointed' if ckpt else 'no checkpointing'})",
+                             _activations(shape, recipe, a, ckpt),
+                             "L·a·h + 1 layer per token" if ckpt else "L × per-layer bytes per token"))  # fmt: skip
     if tokens.shared:
-        memory.append(MemoryLine(f"activations ({tokens.forwarded:,} of {tokens.held:,} tokens: shared prefix, "
-                                 f"{'checkpointed' if ckpt else 'no checkpointing'})", _activations(shape, recipe, a, ckpt), rule))
         memory.append(MemoryLine(f"tree attention: keys and values of {tokens.paths} branch(es)",
                                  tree_attention_bytes(shape, tokens, a, ckpt), f"paths x {tokens.path_tokens} x 2·kv_dim"
                                  + ("" if ckpt else " x L")))  # fmt: skip
-    else:
-        memory.append(MemoryLine(f"activations ({b} x {sequence} tokens, {'checkpointed' if ckpt else 'no checkpointing'})",
-                                 _activations(shape, recipe, a, ckpt), rule))  # fmt: skip
     memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)", lm_head_bytes(shape, b * completion, a, p.weight_bytes),
                              f"{b} x {completion} completion tokens"))  # fmt: skip
     return memory

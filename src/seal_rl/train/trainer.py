@@ -103,19 +103,17 @@ def make_trainer_class():
             started = time.perf_counter()
             grad = torch.is_grad_enabled()
             kind = "update/policy" if grad else ("update/reference" if model is self.ref_model else "update/old_logprobs")
-            rows = rows_of(input_ids, attention_mask, logits_to_keep)
-            size = batch_size or len(rows.tokens)
-            trees = [pack([rows.tokens[i] for i in chunk]) for chunk in groups_of(rows.tokens, size)]
-            forwarded = sum(t.forwarded for t in trees)
-            tokens = self.seal.tokens
-            tokens[f"{kind}/rows"] += sum(map(len, rows.tokens))
-            if self._seal_shares(model, forwarded, sum(t.row_tokens for t in trees), grad, extra, compute_aux_loss):
-                output = self._seal_packed_logps(model, rows, trees, size, logits_to_keep, compute_entropy, grad)
-                tokens[f"{kind}/forwarded"] += forwarded
+            packs = self._seal_packs(model, input_ids, attention_mask, logits_to_keep, batch_size, grad, extra, compute_aux_loss)
+            if packs is not None:
+                rows, chunks, trees = packs
+                output = self._seal_packed_logps(model, rows, chunks, trees, logits_to_keep, compute_entropy, grad)
+                held, forwarded = sum(t.row_tokens for t in trees), sum(t.forwarded for t in trees)
             else:
                 output = super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra)
-                tokens[f"{kind}/forwarded"] += input_ids.numel()  # padded rows, as TRL forwards them
+                held, forwarded = int(attention_mask.sum()), input_ids.numel()  # padded rows, as TRL forwards them
+            self.seal.tokens[f"{kind}/rows"] += held
+            self.seal.tokens[f"{kind}/forwarded"] += forwarded
             if not grad:  # the no-grad passes before the update; the loss's own pass is in update/policy
                 self.seal.timing[kind] += time.perf_counter() - started
             return output
@@ -123,13 +121,14 @@ def make_trainer_class():
         _seal_checked: dict[int, str | None]
         """per model (id of the unwrapped module): why packing is not used for it (None: it is)"""
 
-        def _seal_shares(self, model, forwarded, row_tokens, grad, extra, compute_aux_loss) -> bool:
-            """Whether this pass packs its rows as prefix trees (``shared_prefix``: auto/true/false)."""
+        def _seal_packs(self, model, input_ids, attention_mask, logits_to_keep, batch_size, grad, extra, compute_aux_loss):
+            """This pass's rows, TRL's chunks of ``batch_size`` rows and one prefix tree per chunk; None
+            when the pass takes TRL's own path (``shared_prefix``: auto/true/false)."""
             setting = self.seal.recipe.shared_prefix
             if setting is False or any(v is not None for v in extra.values()) or compute_aux_loss:
-                return False  # multimodal inputs and the MoE load-balancing loss take TRL's own path
+                return None  # multimodal inputs and the MoE load-balancing loss take TRL's own path
             if grad and self._seal_after_backward is None:
-                return False  # a backward outside training_step would recompute layers unswitched
+                return None  # a backward outside training_step would recompute layers unswitched
             unwrapped = self.accelerator.unwrap_model(model)
             checked = getattr(self, "_seal_checked", None)
             if checked is None:
@@ -140,7 +139,14 @@ def make_trainer_class():
             if reason and setting is True:
                 raise SealError(f"shared_prefix: true, but this model cannot be trained on shared prefixes: {reason}. "
                                 "Set shared_prefix: auto (falls back to TRL's path) or false.")  # fmt: skip
-            return reason is None and not (setting == "auto" and forwarded >= row_tokens)
+            if reason:
+                return None
+            rows = rows_of(input_ids, attention_mask, logits_to_keep)
+            chunks = groups_of(rows.tokens, batch_size or len(rows.tokens))
+            trees = [pack([rows.tokens[i] for i in chunk]) for chunk in chunks]
+            if setting == "auto" and sum(t.forwarded for t in trees) >= sum(t.row_tokens for t in trees):
+                return None  # nothing shared: TRL's path costs the same
+            return rows, chunks, trees
 
         def _seal_check(self, model, unwrapped) -> str | None:
             import torch
@@ -159,8 +165,8 @@ def make_trainer_class():
                               "whole sequence instead.", SealWarning, stacklevel=2)  # fmt: skip
             return reason
 
-        def _seal_packed_logps(self, model, rows, trees, size, width, compute_entropy, grad):
-            """Each chunk of ``size`` rows forwarded once as a prefix tree; TRL's ``[B, C]`` layout back."""
+        def _seal_packed_logps(self, model, rows, chunks, trees, width, compute_entropy, grad):
+            """Each chunk of rows forwarded once as its prefix tree; TRL's ``[B, C]`` layout back."""
             import torch
 
             unwrapped = self.accelerator.unwrap_model(model)
@@ -173,7 +179,7 @@ def make_trainer_class():
                 switched = attention_switched(unwrapped)
             logps, entropies = [], []
             with switched:
-                for tree, chunk in zip(trees, groups_of(rows.tokens, size), strict=True):
+                for tree, chunk in zip(trees, chunks, strict=True):
                     with self.accelerator.autocast():
                         flat, entropy = forward_tree(model, tree, compute_entropy=compute_entropy,
                                                      scored=scored_positions(tree, rows, chunk))
