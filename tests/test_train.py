@@ -614,6 +614,9 @@ def test_under_bf16_the_first_steps_importance_ratio_is_1(tiny_path, tmp_path, m
     assert ratio_error < 1e-6, ratio_error
     second_update = [c for c in calls if c[0]][1]
     assert any(not torch.equal(p, old[row]) for row, p in zip(second_update[2], second_update[3]) if row in old)  # the policy moved
+    _assert_packed(out)  # both passes went through the prefix tree
+    assert all(u["update/old_logprobs/forwarded_tokens"] < u["update/old_logprobs/rows_tokens"]
+               for u in _jsonl(out / "metrics.jsonl") if u["kind"] == "update")
 
 
 def test_bf16_auto_follows_the_cpus_bfloat16_features():
