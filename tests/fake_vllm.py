@@ -10,8 +10,8 @@ Built from vLLM's public API as TRL 1.16's ``trl/generation/vllm_generation.py``
 * ``reset_prefix_cache``, ``sleep`` / ``wake_up`` and the weight path TRL's colocated sync writes
   through: ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(pairs)``;
 * vLLM's limits: a prompt at or beyond ``max_model_len`` is an error; generation stops at
-  ``max_tokens``, at an end-of-sequence token of the model's generation config, or at
-  ``max_model_len``.
+  ``max_tokens``, at an end-of-sequence token of the model's generation config or one of the
+  request's ``stop_token_ids`` (kept as the last token), or at ``max_model_len``.
 
 Behind it is the transformers model at ``model`` (the path TRL passes: the trainer's model
 directory), sampled on CPU with the request's seed after temperature and top-p; log-probabilities
@@ -189,7 +189,7 @@ class LLM:
                     token = int(torch.multinomial(probs, 1, generator=generator))
                 tokens.append(token)
                 logprobs.append(float(log_probs[token]))
-                if token in self.eos_ids:
+                if token in self.eos_ids or token in (p.stop_token_ids or ()):  # vLLM keeps the stop token in token_ids
                     break
                 step_input = torch.tensor([[token]])
         return tokens, logprobs

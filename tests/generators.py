@@ -47,9 +47,8 @@ class OracleOrPlain:
         from seal_rl.trajectory import ChatTokens
 
         self.chat = ChatTokens(trainer.processing_class)
-        self.eos = trainer.processing_class.eos_token_id
         self.agents: dict[int, ScriptedAgent] = {}
-        self.inner = TranscriptGenerator(self.agents, self.chat, self.eos)
+        self.inner = TranscriptGenerator(self.agents, self.chat)
 
     def generate(self, requests, seed):
         for request in requests:

@@ -73,7 +73,7 @@ def play_oracle(tokenizer, tasks, task_set, config: EnvConfig, budgets: Budgets,
     chat = ChatTokens(tokenizer, native=config.call_format == "native")
     catalog = ToolCatalog()
     episodes = OraclePolicy().episodes(tasks, task_set, config.call_format)
-    generator = generator_class({e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}, chat, tokenizer.eos_token_id)
+    generator = generator_class({e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}, chat)
 
     def make_env():
         if interface_preset is None:

@@ -6,8 +6,9 @@ exception, never tools silently missing. Also: reasoning is kept apart from call
 
 The templates are read from the installed TRL (``trl/chat_templates/*.jinja``), never copied here;
 each is set on the tiny BPE tokenizer together with the special tokens it writes (what a real
-tokenizer of that family carries), its end-of-message token as eos and, where it writes one, a
-begin-of-text token.
+tokenizer of that family carries), the family's published eos and, where it writes one, a
+begin-of-text token; the tokenizer is saved beside a generation config listing the family's
+published stop tokens (tests/published_stops.py) and loaded from that folder, as a model ships.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import pytest
 
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.reasoning import split_reasoning
+from seal_rl.stops import message_stops
 from seal_rl.templates import MODES, check, family, trl_templates
 from seal_rl.trajectory import ChatTokens, episode_template
+from tests.published_stops import PUBLISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 # Special tokens as templates write them: <|im_start|>, <｜User｜> (DeepSeek's full-width bars),
@@ -42,21 +45,24 @@ NATIVE_WORKS = ("qwen2_5", "qwen3", "qwen3_5_think", "qwen3_6", "llama3_1", "lla
 FIXES = ("prompt_mode: bfcl_qwen_fc", "no prompt mode works", "Use a template that only appends", "call_format: hermes")
 
 
-def family_tokenizer(base, name: str):
-    """The tiny tokenizer carrying TRL's ``name`` template and that family's special tokens."""
-    text = trl_templates()[name]
-    tokenizer = copy.deepcopy(base)
-    tokenizer.add_special_tokens({"additional_special_tokens": sorted(set(SPECIAL.findall(text)))})
-    tokenizer.chat_template = text
-    if "bos_token" in text:
-        tokenizer.bos_token = next((t for t in BOS if t in text), "<|endoftext|>")
-    # eos: the first special token the template writes after a model message that others follow
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "u"}, {"role": "assistant", "content": "MARKX"},
-                                              {"role": "user", "content": "u2"}], tokenize=False)  # fmt: skip
-    end = SPECIAL.search(rendered[rendered.index("MARKX") + 5 :])
-    if end:
-        tokenizer.eos_token = end.group(0)
-    return tokenizer
+def family_tokenizer(base, name: str, folder: Path):
+    """The tiny tokenizer carrying TRL's ``name`` template, that family's special tokens and its
+    published eos, saved to ``folder`` beside a generation config that lists the family's
+    published stops (tests/published_stops.py), and loaded from there: a model directory as it ships."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    if not (folder / "tokenizer_config.json").is_file():
+        text = trl_templates()[name]
+        eos, stops, _ = PUBLISHED[name]
+        tokenizer = copy.deepcopy(base)
+        tokenizer.add_special_tokens({"additional_special_tokens": sorted(set(SPECIAL.findall(text)) | {eos, *stops})})
+        tokenizer.chat_template = text
+        if "bos_token" in text:
+            tokenizer.bos_token = next((t for t in BOS if t in text), "<|endoftext|>")
+        tokenizer.eos_token = eos
+        tokenizer.save_pretrained(folder)
+        GenerationConfig(eos_token_id=tokenizer.convert_tokens_to_ids(stops)).save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +73,17 @@ def base_tokenizer(task_set):
 
 
 @pytest.fixture(scope="module")
-def reports(base_tokenizer, task_set):
+def families(base_tokenizer, tmp_path_factory):
+    """``families(name)``: the family's tokenizer as its model ships (:func:`family_tokenizer`)."""
+    root = tmp_path_factory.mktemp("families")
+    return lambda name: family_tokenizer(base_tokenizer, name, root / name)
+
+
+@pytest.fixture(scope="module")
+def reports(families, task_set):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SealWarning)
-        return {name: check(family_tokenizer(base_tokenizer, name), task_set) for name in trl_templates()}
+        return {name: check(families(name), task_set) for name in trl_templates()}
 
 
 def test_the_templates_are_read_from_the_installed_trl():
@@ -114,25 +127,25 @@ def test_the_families_people_train_work_in_some_mode(reports):
     assert {m["template"] for m in reports["qwen2_5"]["modes"]} == {"own"}
 
 
-def test_known_problems_are_refused_not_raised(base_tokenizer):
+def test_known_problems_are_refused_not_raised(families):
     """Gemma rejects a system role, gpt-oss a tool message after a plain-text message, DeepSeek-V3
     ignores tools: each is a SealError naming what to set, before any model is involved."""
     cases = {("gemma", "bfcl_qwen_fc"): "System role not supported", ("gptoss", "chat_template"): "prompt_mode: bfcl_qwen_fc",
              ("deepseekv3", "chat_template"): "ignores `tools`"}  # fmt: skip
     for (name, mode), expected in cases.items():
         with pytest.raises(SealError, match=re.escape(expected)) as raised:
-            episode_template(family_tokenizer(base_tokenizer, name), mode)
+            episode_template(families(name), mode)
         assert "Traceback" not in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_history_rewriting_template_is_replaced_by_trls_training_variant_and_said_so(base_tokenizer):
+def test_a_history_rewriting_template_is_replaced_by_trls_training_variant_and_said_so(families):
     from trl.chat_template_utils import get_training_chat_template
 
-    tokenizer = family_tokenizer(base_tokenizer, "qwen3")
+    tokenizer = families("qwen3")
     with pytest.warns(SealWarning, match="training variant"):
         chat = ChatTokens.for_episodes(tokenizer, "bfcl_qwen_fc")
     assert chat.chat_template == get_training_chat_template(tokenizer)
-    plain = family_tokenizer(base_tokenizer, "qwen2_5")
+    plain = families("qwen2_5")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ChatTokens.for_episodes(plain, "bfcl_qwen_fc").chat_template is None
@@ -177,14 +190,14 @@ HARMONY_PROMPT_END = "<|start|>assistant"
                   '<tool_call>\n{"name": "cd", "arguments": {"folder": "document"}}\n</tool_call><|im_end|>'),
     ],
 )
-def test_native_calls_are_parsed_from_the_models_own_format_and_reasoning_is_not_a_call(name, written, base_tokenizer, task_set):
+def test_native_calls_are_parsed_from_the_models_own_format_and_reasoning_is_not_a_call(name, written, families, task_set):
     """A model message in its family's own format (gpt-oss harmony: analysis, then a call on the
     commentary channel; Qwen3: <think>, then <tool_call>) becomes a structured message: the call
     executes, the call-shaped text inside the reasoning does not, the reasoning is kept in its
     field, and the text after the message is what the template writes there."""
     from seal_rl.env import BfclEnv, EnvConfig
 
-    tokenizer = family_tokenizer(base_tokenizer, name)
+    tokenizer = families(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SealWarning)
         chat = ChatTokens.for_episodes(tokenizer, "chat_template", "native")
@@ -207,21 +220,16 @@ def test_native_calls_are_parsed_from_the_models_own_format_and_reasoning_is_not
     assert sample == rendered  # the model wrote the template's rendering, so the sample is exactly it
 
 
-def test_native_needs_a_response_parser_and_the_chat_template_mode(base_tokenizer):
+def test_native_needs_a_response_parser_and_the_chat_template_mode(families):
     with pytest.raises(SealError, match="call_format: hermes"):
-        ChatTokens.for_episodes(family_tokenizer(base_tokenizer, "phi3_5"), "chat_template", "native")
+        ChatTokens.for_episodes(families("phi3_5"), "chat_template", "native")
     with pytest.raises(SealError, match="prompt_mode chat_template"):
-        episode_template(family_tokenizer(base_tokenizer, "qwen2_5"), "bfcl_qwen_fc", native=True)
+        episode_template(families("qwen2_5"), "bfcl_qwen_fc", native=True)
 
 
-def _save(tokenizer, path: Path) -> Path:
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def test_seal_templates_check_contract(base_tokenizer, tmp_path):
-    qwen3 = _save(family_tokenizer(base_tokenizer, "qwen3"), tmp_path / "qwen3")
-    gemma = _save(family_tokenizer(base_tokenizer, "gemma"), tmp_path / "gemma")
+def test_seal_templates_check_contract(families, tmp_path):
+    qwen3 = Path(families("qwen3").name_or_path)
+    gemma = Path(families("gemma").name_or_path)
     run = [sys.executable, "-m", "seal_rl", "templates", "check"]
     works = subprocess.run([*run, str(qwen3), "--json"], capture_output=True, text=True, cwd=ROOT)
     assert works.returncode == 0, works.stderr
@@ -243,17 +251,16 @@ def test_family_is_none_for_an_unknown_template(base_tokenizer):
     assert family(base_tokenizer) is None
 
 
-def family_model(tiny_model_dir: Path, base_tokenizer, name: str, out: Path) -> Path:
+def family_model(tiny_model_dir: Path, name: str, out: Path) -> Path:
     """The tiny model with TRL's ``name`` template: the family's tokens added, embeddings resized."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    family = family_tokenizer(tokenizer, name)
+    family = family_tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir), name, out)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model.resize_token_embeddings(len(family))
-    model.config.eos_token_id = model.generation_config.eos_token_id = family.eos_token_id
+    model.config.eos_token_id = family.eos_token_id
+    model.generation_config.eos_token_id = family.convert_tokens_to_ids(PUBLISHED[name][1])  # as the family's model ships
     model.save_pretrained(out)
-    family.save_pretrained(out)
     return out
 
 
@@ -263,7 +270,7 @@ def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, 
     """`seal train --config smoke-cpu` (one round) and `seal eval --policy hf:DIR` exit 0 with
     Qwen3's template (rendered through TRL's training variant) and gpt-oss's, in bfcl_qwen_fc mode
     and with its own harmony calls (chat_template mode, call_format native)."""
-    model = family_model(tiny_model_dir, base_tokenizer, name, tmp_path / name)
+    model = family_model(tiny_model_dir, name, tmp_path / name)
     settings = ["--set", "env.prompt_mode=chat_template", "--set", "env.call_format=native"] if native else []
     trained = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(tmp_path / "run"),
                               "--set", f"model.path={model}", "--set", "grpo.max_steps=1", *settings],
@@ -281,14 +288,14 @@ def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, 
         assert "training variant" in trained.stderr and "training variant" in evaluated.stderr
 
 
-def test_evaluation_prompts_are_the_models_own_rendering(base_tokenizer, task_set):
+def test_evaluation_prompts_are_the_models_own_rendering(families, task_set):
     """Qwen3's episodes are rendered with TRL's training variant (past reasoning kept); evaluation
     prompts each message with Qwen3's own template, which drops the reasoning of earlier turns,
     as inference does. Training keeps prompting with the sample itself."""
     from seal_rl.env import BfclEnv, EnvConfig
     from seal_rl.rollout import Budgets, Generation, run_episodes
 
-    tokenizer = family_tokenizer(base_tokenizer, "qwen3")
+    tokenizer = families("qwen3")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SealWarning)
         training = ChatTokens.for_episodes(tokenizer, "bfcl_qwen_fc")
@@ -315,14 +322,14 @@ def test_evaluation_prompts_are_the_models_own_rendering(base_tokenizer, task_se
 
 
 @pytest.mark.parametrize(("name", "native"), [("qwen3", False), ("gptoss", True)])
-def test_max_thinking_tokens_cuts_a_message_still_reasoning_and_ends_the_episode(name, native, base_tokenizer, task_set):
+def test_max_thinking_tokens_cuts_a_message_still_reasoning_and_ends_the_episode(name, native, families, task_set):
     """Reasoning (a <think> block; gpt-oss's analysis channel) longer than max_thinking_tokens:
     the sample keeps the first max_thinking_tokens tokens, nothing executes, the episode ends with
     thinking_budget. Shorter reasoning, or no cap, changes nothing."""
     from seal_rl.env import BfclEnv, EnvConfig
     from seal_rl.rollout import Budgets, Generation, run_episodes
 
-    tokenizer = family_tokenizer(base_tokenizer, name)
+    tokenizer = families(name)
     mode, call_format = ("chat_template", "native") if native else ("bfcl_qwen_fc", "hermes")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SealWarning)
@@ -356,7 +363,7 @@ def test_max_thinking_tokens_cuts_a_message_still_reasoning_and_ends_the_episode
         Budgets(max_thinking_tokens=-1)
 
 
-def test_auto_picks_a_mode_that_works_for_each_known_family(reports, base_tokenizer):
+def test_auto_picks_a_mode_that_works_for_each_known_family(reports, families, base_tokenizer):
     """``auto`` (env.prompt_mode / env.call_format) picks per family; every pick is a mode the
     check says works, explicit settings are kept, and unknown templates get BFCL's Qwen prompt."""
     from seal_rl.families import DEFAULT_MODE, FAMILY_MODES, resolve_auto
@@ -365,11 +372,11 @@ def test_auto_picks_a_mode_that_works_for_each_known_family(reports, base_tokeni
     for name, (mode, call_format) in FAMILY_MODES.items():
         works = {(m["mode"], m["call_format"]) for m in reports[name]["modes"] if m["works"]}
         assert (mode, call_format) in works, (name, mode, call_format, works)
-        env, note = resolve_auto(auto, family_tokenizer(base_tokenizer, name))
+        env, note = resolve_auto(auto, families(name))
         assert (env["prompt_mode"], env["call_format"], env["max_model_calls"]) == (mode, call_format, 5)
         assert name in note
     assert FAMILY_MODES["gptoss"] == ("chat_template", "native") and FAMILY_MODES["qwen2_5"] == DEFAULT_MODE
-    gptoss = family_tokenizer(base_tokenizer, "gptoss")
+    gptoss = families("gptoss")
     assert resolve_auto({**auto, "prompt_mode": "bfcl_qwen_fc"}, gptoss)[0]["call_format"] == "hermes"  # BFCL's prompt asks for hermes
     assert resolve_auto({**auto, "call_format": "json"}, gptoss)[0] == {**auto, "prompt_mode": "chat_template", "call_format": "json"}
     unknown, note = resolve_auto(auto, base_tokenizer)

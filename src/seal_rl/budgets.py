@@ -85,8 +85,8 @@ class _BudgetedOracle:
     that does not fit ends the episode (``None``) and is recorded as ended by ``max_new_tokens``
     (longer than one call may be) or ``completion_budget`` (longer than what is left)."""
 
-    def __init__(self, agents: dict[int, ScriptedAgent], chat: ChatTokens, eos_id: int, max_new_tokens: int) -> None:
-        self.agents, self.chat, self.eos_id, self.max_new_tokens = agents, chat, eos_id, max_new_tokens
+    def __init__(self, agents: dict[int, ScriptedAgent], chat: ChatTokens, max_new_tokens: int) -> None:
+        self.agents, self.chat, self.max_new_tokens = agents, chat, max_new_tokens
         self.cut: dict[int, str] = {}
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
@@ -94,7 +94,7 @@ class _BudgetedOracle:
         for request in requests:
             text = self.agents[request.episode].act(request.observation, request.info)
             if text is not None:
-                text, ids = self.chat.as_generated(text, self.eos_id)
+                text, ids = self.chat.as_generated(text)
                 if len(ids) > request.max_new_tokens:
                     self.cut[request.episode] = "max_new_tokens" if len(ids) > self.max_new_tokens else "completion_budget"
                     text = None
@@ -118,13 +118,13 @@ def count_within_budgets(
     docstring for what ends the others). Pure: nothing is written, no model is loaded."""
     began = time.perf_counter()
     chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no eos_token")
+    if chat.stops.end_id is None:
+        raise ValueError("the model names no end-of-message token")
     catalog = ToolCatalog()
     interface = Interface(env_config.prompt_mode, InterfaceState.initial(interface_preset), call_format=env_config.call_format,
                           catalog=catalog, protocol=env_config.protocol)  # fmt: skip
     episodes = OraclePolicy().episodes(tasks, task_set, env_config.call_format)
-    generator = _BudgetedOracle({e.index: e.agent for e in episodes}, chat, tokenizer.eos_token_id, budgets.max_new_tokens)
+    generator = _BudgetedOracle({e.index: e.agent for e in episodes}, chat, budgets.max_new_tokens)
     rollouts = run_episodes(
         [(e.index, e.task, {}) for e in episodes], generator, lambda: BfclEnv(env_config, interface, catalog=catalog),
         chat=chat, budgets=budgets, concurrency=concurrency,

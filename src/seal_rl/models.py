@@ -12,6 +12,8 @@ tokenizer, chat template, generation config), so nothing downstream knows the di
 3. The GGUF is parsed with the ``gguf`` library and refused unless transformers can convert its
    architecture; transformers dequantizes it (bf16) and the weights are re-saved as safetensors.
    The chat template is kept as text; transformers renders it in its sandboxed Jinja environment.
+   The generation config lists the stops the GGUF metadata names (end of sequence, turn, message)
+   and the template's own terminator (:mod:`seal_rl.stops`).
 4. The finished directory enters ``$SEAL_CACHE_DIR/models/NAME`` in one atomic rename, so an
    interrupted pull leaves nothing half-written (its temporary folder is removed on the next pull).
 
@@ -41,6 +43,7 @@ from types import MappingProxyType
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.stops import message_stops
 
 MANIFEST = "seal-model.json"
 """Written last into a finished model directory; a directory without it is not a pulled model."""
@@ -126,7 +129,8 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 # Tokens that end an assistant message in the chat formats transformers' GGUF loader knows
 # (ChatML, Llama 3, Phi-3, Gemma): generation stops on any of them.
-_END_OF_MESSAGE = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+GGUF_STOP_FIELDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+"""the GGUF metadata that names where a message ends (llama.cpp's end-of-sequence, -turn and -message ids)"""
 
 
 def models_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -365,6 +369,7 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
         reader = GGUFReader(str(path))
         architecture = _field(reader, "general.architecture")
         title = _field(reader, "general.name") or ""
+        stops = sorted({int(reader.fields[key].parts[reader.fields[key].data[0]][0]) for key in GGUF_STOP_FIELDS if key in reader.fields})
     except Exception as exc:  # the gguf reader raises ValueError, struct errors, IndexError, ... on bad bytes
         raise SealError(f"{path.name} is not a readable GGUF file (truncated or corrupt?): {type(exc).__name__}: {exc}".strip()) from exc
     if architecture is None:
@@ -372,7 +377,7 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise SealError(f"{path.name} holds a {architecture!r} model, which transformers cannot convert from GGUF. It can "
                         f"convert: {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}.")  # fmt: skip
-    return {"architecture": architecture, "gguf_name": title, "tensors": len(reader.tensors)}
+    return {"architecture": architecture, "gguf_name": title, "tensors": len(reader.tensors), "stop_ids": stops}
 
 
 def _field(reader: Any, key: str) -> str | None:
@@ -406,8 +411,8 @@ def _convert(gguf_path: Path, target: Path, report: Callable[[str], None]) -> No
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict(), strict=True)
     del loaded
-    ends = sorted({tokenizer.convert_tokens_to_ids(t) for t in _END_OF_MESSAGE if t in tokenizer.get_vocab()} |
-                  ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))  # fmt: skip
+    # the stops the metadata names, and those the template implies (its terminator after a message: seal_rl.stops)
+    ends = sorted({i for i in info["stop_ids"] if 0 <= i < len(tokenizer)} | message_stops(tokenizer).ids)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.generation_config.eos_token_id = ends

@@ -149,20 +149,21 @@ def _run_episodes(run_dir: Path, task_set: TaskSet) -> list[Episode]:
 
 
 class TranscriptGenerator:
-    """Plays scripted messages as a model would emit them: the message's tokens plus end-of-message.
+    """Plays scripted messages as a model would emit them: the message's tokens plus the token the
+    model ends a message with (the template's terminator, :class:`seal_rl.stops.Stops`).
 
     The token-exact builder then keeps the end-of-message token on the assistant side, so the
     warm-started model learns to stop where the transcript stops.
     """
 
-    def __init__(self, agents: dict[int, Any], chat: ChatTokens, eos_id: int) -> None:
-        self.agents, self.chat, self.eos_id = agents, chat, eos_id
+    def __init__(self, agents: dict[int, Any], chat: ChatTokens) -> None:
+        self.agents, self.chat = agents, chat
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         out: list[Generation | None] = []
         for request in requests:
             text = self.agents[request.episode].act(request.observation, request.info)
-            out.append(None if text is None else Generation(*self.chat.as_generated(text, self.eos_id)))
+            out.append(None if text is None else Generation(*self.chat.as_generated(text)))
         return out
 
 
@@ -185,9 +186,9 @@ def build_samples(
     if not sources:
         raise SealError("No warm-start data: give at least one source (--data oracle, --data run:DIR, ...).")
     chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        raise SealError("The tokenizer has no eos_token; SFT needs it to end assistant messages.")
+    if chat.stops.end_id is None:
+        raise SealError("The model names no end-of-message token (no eos_token, no generation config stops, no template "
+                        "terminator); SFT needs one to end assistant messages.")
     catalog = ToolCatalog()
     samples: list[dict[str, Any]] = []
     dropped: Counter[str] = Counter()
@@ -200,7 +201,7 @@ def build_samples(
             # Fresh agents for every rendering: scripted agents are consumed as they play.
             agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
             rollouts = run_episodes(
-                [(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat, eos),
+                [(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat),
                 lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat, budgets=budgets, concurrency=64,
             )  # fmt: skip
             for rollout in rollouts:

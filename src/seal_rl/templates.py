@@ -25,7 +25,7 @@ from seal_rl.policies import OraclePolicy, ScriptedAgent
 from seal_rl.rollout import Budgets, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
-from seal_rl.trajectory import ChatTokens, episode_template, prompt_opener, render_or_explain, special_tokens
+from seal_rl.trajectory import ChatTokens, Trajectory, episode_template, prompt_opener, render_or_explain, special_tokens
 
 # The combinations a check plays: BFCL's own prompt (hermes calls in the system prompt's words)
 # and the model's template with seal-rl's three call formats and the model's own (native) calls.
@@ -55,6 +55,10 @@ class ModeReport:
     layouts: list[str] | None = None
     """the sample layouts that work: ``episode`` (samples equal to the rendering) and ``turn`` (each
     message's prompt equal to the model's own template's rendering of the conversation before it)"""
+    kept_as_generated: dict[str, str] | None = None
+    """terminators the episode layout's samples keep as generated where the template writes
+    another in history, ``{generated: written}`` (gpt-oss ``<|return|>`` for ``<|end|>``;
+    :mod:`seal_rl.stops`); the ``turn`` layout prompts as at inference"""
 
 
 def _equal_to_rendering(decoded: str, rendered: str, specials: list[str]) -> bool:
@@ -77,6 +81,19 @@ def _strip_end(text: str, specials: list[str]) -> str:
     return text
 
 
+def _as_history(trajectory: Trajectory, tokenizer: Any, history: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The sample's text with the stop that ends each model message written as the template writes
+    it once another message follows (``Stops.history``: gpt-oss's ``<|return|>`` as ``<|end|>``),
+    and the pairs so rewritten before the sample's end: what the episode keeps as generated."""
+    ids, mask, kept = list(trajectory.completion_ids), trajectory.env_mask, {}
+    for k, token in enumerate(ids):
+        text = tokenizer.decode([token])
+        if mask[k] and (k + 1 == len(ids) or not mask[k + 1]) and text in history:
+            ids[k] = tokenizer.convert_tokens_to_ids(history[text])
+            kept |= {text: history[text]} if k + 1 < len(ids) else {}
+    return tokenizer.decode(trajectory.prompt_ids + ids, skip_special_tokens=False), kept
+
+
 def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], task_set: TaskSet) -> ModeReport:
     """Play ``tasks``' ground truth in one mode through the sample builder (see the module docstring)."""
     native = call_format == "native"
@@ -90,19 +107,19 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
     interface = Interface(mode, InterfaceState.initial("vanilla"), call_format=call_format, catalog=catalog)
     episodes = OraclePolicy().episodes(tasks, task_set, call_format)
     agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
-    eos = tokenizer.eos_token_id
-    if eos is None:
-        return ModeReport(mode, call_format, False, None, "The tokenizer has no eos_token; a model message could not end.")
+    if chat.stops.end_id is None:
+        return ModeReport(mode, call_format, False, None, "The model names no end-of-message token (no eos_token, no "
+                          "generation config stops, no template terminator); a model message could not end.")
     from seal_rl.sft import TranscriptGenerator
 
     try:
-        rollouts = run_episodes([(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat, eos),
+        rollouts = run_episodes([(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat),
                                 lambda: BfclEnv(config, interface, catalog=catalog), chat=chat,
                                 budgets=Budgets(10**9, 10**9, 10**6), concurrency=1)  # fmt: skip
     except SealError as error:
         return ModeReport(mode, call_format, False, None, str(error))
     specials = special_tokens(tokenizer)
-    longest, tools_shown, unequal, turns_unequal = 0, True, [], []
+    longest, tools_shown, unequal, turns_unequal, kept = 0, True, [], [], {}
     for episode, rollout in zip(episodes, rollouts):
         _, info = BfclEnv(config, interface, catalog=catalog).reset(episode.task)
         tools = info["tools"] if mode == "chat_template" else None
@@ -115,9 +132,10 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
             opener = prompt_opener(render_or_explain(tokenizer, messages[:2], tools=tools, generation_prompt=True, chat_template=template))
             messages = [{**m, "content": opener + m["content"]} if m["role"] == "assistant" else m for m in messages]
         rendered = render_or_explain(tokenizer, messages, tools=tools, generation_prompt=False, chat_template=template)
-        decoded = tokenizer.decode(rollout.trajectory.ids, skip_special_tokens=False)
+        decoded, rewritten = _as_history(rollout.trajectory, tokenizer, chat.stops.history)
         if not _equal_to_rendering(decoded, rendered, specials):
             unequal.append(episode.task.id)
+        kept |= rewritten
         # the turn layout: each message's prompt is the model's own template's rendering of what came before
         positions = [i for i, m in enumerate(rollout.record["messages"]) if m["role"] == "assistant"]
         own = [render_or_explain(tokenizer, rollout.record["messages"][:i], tools=_tools_at(interface, episode.task, step["turn"], mode),
@@ -137,7 +155,7 @@ def check_mode(tokenizer: Any, mode: str, call_format: str, tasks: list[Task], t
     layouts = [] if reasons else ["episode"] + ([] if turns_unequal else ["turn"])
     return ModeReport(mode, call_format, not reasons, "trl_training" if template else "own", "; ".join(reasons) or None,
                       len(rollouts), success, longest, tools_shown if mode == "chat_template" else None,
-                      forgets if native else None, layouts)  # fmt: skip
+                      forgets if native else None, layouts, kept or None)  # fmt: skip
 
 
 def _tools_at(interface: Interface, task: Task, turn: int, mode: str) -> list[dict[str, Any]] | None:

@@ -33,9 +33,10 @@ from typing import Any, NamedTuple
 
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.reasoning import REASONING_FIELDS, THINK_CLOSE, THINK_OPEN, split_reasoning
+from seal_rl.stops import MARK as _MARK
+from seal_rl.stops import PROBE_CALL, PROBE_TOOL, Stops, message_stops, special_tokens
 
 Message = dict[str, Any]
-_MARK = "\u2063SEAL\u2063"  # an invisible marker no model writes, to find where a message's content ends
 NOT_PREFIX_STABLE = (
     "The chat template is not prefix-stable: rendering more messages changed earlier text, so generated tokens "
     "cannot be kept exact, and TRL ships no prefix-preserving variant of it. Use a template that only appends "
@@ -101,11 +102,14 @@ class ChatTokens:
         """evaluation: prompts come from the model's own template (:meth:`for_inference`)"""
         self.turns = False
         """``turn`` layout: prompts always rendered anew, each message recorded (:meth:`for_turns`)"""
-        self.eos_ids = _eos_ids(tokenizer)
+        self.stops: Stops = message_stops(tokenizer, chat_template)
+        """where a model message ends (:func:`seal_rl.stops.message_stops`)"""
+        pad = {tokenizer.pad_token_id} - {None}
+        self.eos_ids = set(self.stops.ids) | pad
+        """the stops, and the padding a batch writes after a row's stop"""
         self._tools_checked = False
         self._opener: str | None = None
         self._specials = special_tokens(tokenizer)
-        self._ends: set[str] | None = None
 
     @classmethod
     def for_episodes(cls, tokenizer: Any, prompt_mode: str, call_format: str = "hermes") -> ChatTokens:
@@ -149,16 +153,17 @@ class ChatTokens:
         return render_or_explain(self.tokenizer, list(messages), tools=self.tools or None,
                                  generation_prompt=generation_prompt, chat_template=self.chat_template)  # fmt: skip
 
-    def as_generated(self, text: str | Message, eos_id: int) -> tuple[str, list[int]]:
+    def as_generated(self, text: str | Message) -> tuple[str, list[int]]:
         """``text`` written as a model message, for scripted transcripts: the message's text and
         token ids. The ids are the text the template puts before a message's content (Qwen3's
         training template an empty ``<think>`` block, gpt-oss its final channel's header; nothing
-        for most), the text, then the end-of-message token, so that a sample decodes to the
+        for most), the text, then the token a model ends a message with (``Stops.end_id``: the
+        template's terminator, Gemma 3 ``<end_of_turn>``), so that a sample decodes to the
         template's rendering; an empty reasoning block is part of the message's text too.
         A structured message (``native`` format) is written as the template renders it, through
         the token that ends it (:meth:`_written`)."""
         if not isinstance(text, str):
-            return text.get("content", ""), self._written(text, eos_id)
+            return text.get("content", ""), self._written(text)
         if self._opener is None:
             opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
             prompt = self.render(opening, generation_prompt=True)
@@ -171,7 +176,8 @@ class ChatTokens:
                 self._opener = ended[len(prompt) : ended.index(_MARK)]
             else:
                 self._opener = f"\n{THINK_CLOSE}\n\n" if thinking else ""
-        return (self._opener + text if THINK_CLOSE in self._opener else text), self.encode(self._opener + text) + [eos_id]
+        end = [] if self.stops.end_id is None else [self.stops.end_id]
+        return (self._opener + text if THINK_CLOSE in self._opener else text), self.encode(self._opener + text) + end
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -218,9 +224,14 @@ class ChatTokens:
         from trl.chat_template_utils import parse_response
 
         try:
-            return parse_response(self.tokenizer, list(token_ids), prefix=list(prefix), tools=tools)
+            message = parse_response(self.tokenizer, list(token_ids), prefix=list(prefix), tools=tools)
         except Exception:  # noqa: BLE001 - a parser bug on hostile output must not stop the episode
             return {"role": "assistant", "content": self.decode(token_ids)}
+        content = message.get("content")
+        end = self.tokenizer.decode(list(token_ids[-1:])) if token_ids and token_ids[-1] in self.eos_ids else ""
+        if end and isinstance(content, str) and content.endswith(end):  # a stop the parser does not know (GLM-4's <|observation|>)
+            message["content"] = content[: -len(end)]
+        return message
 
     def reasoning_tokens(self, message: str | Message, prefix: Sequence[int]) -> int:
         """How many tokens of a generated message are reasoning: its ``<think>`` block (continuing
@@ -290,24 +301,10 @@ class ChatTokens:
         return (tail if last in self.message_ends() else end + tail) + after
 
     def message_ends(self) -> set[str]:
-        """The tokens that end an assistant message, as text: the end-of-sequence tokens and what
-        the template writes right after a message's content, as the last message and as an earlier
+        """The tokens that end an assistant message, as text: the stops (and padding) and what the
+        template writes right after a message's content, as the last message and as an earlier
         one (Qwen ``<|im_end|>``; gpt-oss ``<|return|>``, ``<|end|>`` and, after a call, ``<|call|>``)."""
-        if self._ends is None:
-            ends = {self.tokenizer.decode([i]) for i in self.eos_ids}
-            opening = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
-            marked = {"role": "assistant", "content": "A" + _MARK}
-            call = {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}
-            for messages in ([*opening, marked], [*opening, marked, {"role": "user", "content": "Q2"}], [*opening, call]):
-                try:
-                    text = self.render(messages, generation_prompt=False)
-                except SealError:
-                    continue
-                after = text[text.rindex(_MARK) + len(_MARK) :] if _MARK in text else text.rstrip()[-64:]
-                special = self._leading_special(after) if _MARK in text else self._trailing_special(after)
-                ends.add(special)
-            self._ends = ends - {""}
-        return self._ends
+        return set(self.stops.ends) | {self.tokenizer.decode([i]) for i in self.eos_ids} - {""}
 
     def _leading_special(self, text: str) -> str:
         return next((s for s in self._specials if s and text.startswith(s)), "")
@@ -315,7 +312,7 @@ class ChatTokens:
     def _trailing_special(self, text: str) -> str:
         return next((s for s in self._specials if s and text.endswith(s)), "")
 
-    def _written(self, message: Message, eos_id: int) -> list[int]:
+    def _written(self, message: Message) -> list[int]:
         """A structured message's ids as the model would write them: the template's rendering of
         it through the token that ends it (where the rendering has none, GLM-4's calls, the one
         the template writes next: the model stops generating on it)."""
@@ -332,26 +329,10 @@ class ChatTokens:
         extended = self.render([*opening, message, *results], generation_prompt=True)
         following = extended[len(ended) :] if extended.startswith(ended) else ""
         stop = self._leading_special(following)
-        return self.encode(rendered) + (self.encode(stop) if stop else [eos_id])
-
-
-def special_tokens(tokenizer: Any) -> list[str]:
-    """The tokenizer's special and added tokens, longest first (so a prefix match finds the whole token)."""
-    return sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    if tokenizer.pad_token_id is not None:
-        ids.add(tokenizer.pad_token_id)
-    return ids
+        return self.encode(rendered) + (self.encode(stop) if stop else [] if self.stops.end_id is None else [self.stops.end_id])
 
 
 # -- which template an episode is rendered with ----------------------------------------------
-
-PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool_x7", "description": "A probe.",
-              "parameters": {"type": "object", "properties": {"probe_arg": {"type": "string"}}, "required": []}}}  # fmt: skip
-PROBE_CALL = {"id": "call_0", "type": "function", "function": {"name": "probe_tool_x7", "arguments": {"probe_arg": "v"}}}
 
 
 def probe_conversation(prompt_mode: str, opener: str = "", *, native: bool = False, reasoning: bool = True) -> list[Message]:

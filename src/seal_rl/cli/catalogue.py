@@ -161,7 +161,9 @@ def templates_check(
                 tools = "; the tools reach the prompt" if m["tools_in_prompt"] else ""
                 forgets = "; the template drops past reasoning, the episode keeps it as generated" if m.get("forgets_reasoning") else ""
                 layouts = " and ".join(m["layouts"] or ())
-                line = f"works ({layouts} layout), with {template}; longest prompt {m['longest_prompt_tokens']:,} tokens{tools}{forgets}"
+                kept = "".join(f"; the episode layout keeps a generated {g} where the template writes {w} in history "
+                               "(the turn layout prompts as at inference)" for g, w in (m.get("kept_as_generated") or {}).items())
+                line = f"works ({layouts} layout), with {template}; longest prompt {m['longest_prompt_tokens']:,} tokens{tools}{forgets}{kept}"
             else:
                 line = f"does not work: {m['reason']}"
             out.print(f"  {m['mode']} / {m['call_format']}: {line}", markup=False, highlight=False, soft_wrap=True)

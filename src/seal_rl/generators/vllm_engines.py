@@ -93,7 +93,7 @@ class VLLMGenerator:
             trl_vllm.SamplingParams(
                 n=1, repetition_penalty=e.repetition_penalty, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
                 min_p=0.0 if e.min_p is None else e.min_p, max_tokens=budget, logprobs=e.logprobs,
-                seed=None if self.cpu else seed, **e.generation_kwargs,
+                seed=None if self.cpu else seed, **{"stop_token_ids": sorted(self.chat.stops.ids), **e.generation_kwargs},
             )
             for _, budget, seed in items
         ]  # fmt: skip
@@ -160,7 +160,7 @@ class VLLMEngineGenerator:
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         params = [
             SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=r.max_new_tokens,
-                           seed=None if self.cpu else self.seed + seed + r.episode)  # fmt: skip
+                           seed=None if self.cpu else self.seed + seed + r.episode, stop_token_ids=sorted(self.chat.stops.ids))  # fmt: skip
             for r in requests
         ]
         if self.cpu:
