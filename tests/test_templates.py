@@ -125,6 +125,78 @@ def test_the_families_people_train_work_in_some_mode(reports):
     assert native["gptoss"]["forgets_reasoning"] is True and native["qwen3"]["forgets_reasoning"] is False
     assert {m["template"] for m in reports["qwen3"]["modes"] if m["works"]} == {"trl_training"}
     assert {m["template"] for m in reports["qwen2_5"]["modes"]} == {"own"}
+    # gpt-oss writes a generated <|return|> as <|end|> in history: the episode keeps the token, and the check says so
+    assert {(m["mode"], m["call_format"]): m["kept_as_generated"] for m in reports["gptoss"]["modes"] if m["works"]} == \
+        {("bfcl_qwen_fc", "hermes"): {"<|return|>": "<|end|>"}, ("chat_template", "native"): {"<|return|>": "<|end|>"}}
+    assert all(m["kept_as_generated"] is None for name in ("qwen2_5", "gemma3", "phi3_5", "llama3_1") for m in reports[name]["modes"])
+
+
+# -- stop tokens as models ship them -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_every_family_stops_where_its_model_ships_it(name, families):
+    """The stops are the generation config's list and the tokenizer's eos, and the scripted end of a
+    message is what the template writes after a last message (Gemma 3 <end_of_turn>, not its eos <eos>)."""
+    eos, published, source = PUBLISHED[name]
+    tokenizer = families(name)
+    stops = message_stops(tokenizer)
+    assert {eos, *published} <= {tokenizer.decode([i]) for i in stops.ids}, source
+    assert stops.configured == tuple(dict.fromkeys(tokenizer.convert_tokens_to_ids(published)))
+    assert stops.end_id in stops.ids
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], tokenize=False)
+    end = tokenizer.decode([stops.end_id])
+    assert end in rendered[rendered.rindex("A") :] or end == eos  # GLM-4 writes nothing after a last message
+    assert end == {"gemma3": "<end_of_turn>", "gptoss": "<|return|>", "phi3_5": "<|end|>", "llama3_1": "<|eot_id|>",
+                   "glm4moe": "<|endoftext|>"}.get(name, end)  # fmt: skip
+
+
+def test_the_generation_configs_stops_are_read_from_the_model_directory(families, tmp_path):
+    """Without its generation_config.json, Llama 3.1 would not stop at <|end_of_text|> or <|eom_id|>;
+    gpt-oss would not stop at <|endoftext|>: only the generation config names them."""
+    import shutil
+
+    for name, only_configured in (("llama3_1", {"<|end_of_text|>", "<|eom_id|>"}), ("gptoss", {"<|endoftext|>"})):
+        shipped = families(name)
+        bare = shutil.copytree(shipped.name_or_path, tmp_path / name)
+        (bare / "generation_config.json").unlink()
+        from transformers import AutoTokenizer
+
+        stops = {d: {shipped.decode([i]) for i in message_stops(t).ids} for d, t in (("shipped", shipped), ("bare", AutoTokenizer.from_pretrained(bare)))}
+        assert only_configured <= stops["shipped"] and not only_configured & stops["bare"], (name, stops)
+    (bare / "generation_config.json").write_text('{"eos_token_id": [10000000]}')
+    with pytest.raises(SealError, match="is not a token id of this tokenizer"):
+        message_stops(AutoTokenizer.from_pretrained(bare))
+
+
+def test_generation_stops_on_a_stop_only_the_generation_config_names(families, tiny_model_dir, task_set, tmp_path):
+    """hf ``generate`` through seal-rl's generator ends a message at Llama 3.2's <|eom_id|>, which only
+    its generation config names: a model that always writes it stops after one token, where the same
+    model with the generation config left out writes it until max_new_tokens."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seal_rl.generators.hf import HFGenerator
+    from seal_rl.rollout import Request
+
+    shipped = families("llama3_2")
+    bare = shutil.copytree(shipped.name_or_path, tmp_path / "bare")
+    (bare / "generation_config.json").unlink()
+    stop = shipped.convert_tokens_to_ids("<|eom_id|>")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.resize_token_embeddings(len(shipped))
+    head = torch.nn.Linear(model.config.hidden_size, len(shipped), bias=True)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.constant_(head.bias, -10.0)
+    head.bias.data[stop] = 10.0  # every step's most likely token
+    model.lm_head = head
+    prompt = shipped.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False)
+    request = Request(0, task_set.get("multi_turn_base_0"), [], [], {}, shipped(prompt, add_special_tokens=False)["input_ids"], 5)
+    generated = {name: HFGenerator(model, tokenizer, temperature=0.0).generate([request], seed=0)[0].token_ids
+                 for name, tokenizer in (("shipped", shipped), ("bare", AutoTokenizer.from_pretrained(bare)))}  # fmt: skip
+    assert generated == {"shipped": [stop], "bare": [stop] * 5}
 
 
 def test_known_problems_are_refused_not_raised(families):
@@ -235,6 +307,7 @@ def test_seal_templates_check_contract(families, tmp_path):
     assert works.returncode == 0, works.stderr
     report = json.loads(works.stdout)
     assert report["works"] is True and report["family"] == "qwen3"
+    assert set(report["stops"]) == {"<|im_end|>", "<|endoftext|>"} and report["generation_config_stops"] == PUBLISHED["qwen3"][1]
     assert all({"mode", "works", "reason"} <= set(m) for m in report["modes"])
     none = subprocess.run([*run, str(gemma), "--json"], capture_output=True, text=True, cwd=ROOT)
     assert none.returncode == 1 and json.loads(none.stdout)["works"] is False
@@ -243,6 +316,7 @@ def test_seal_templates_check_contract(families, tmp_path):
     assert "call_format: hermes" in reasons["native"]  # nor can its own calls be read
     table = subprocess.run([*run, str(qwen3)], capture_output=True, text=True, cwd=ROOT)
     assert table.returncode == 0 and "training variant" in table.stdout and "works with seal-rl" in table.stdout
+    assert "a message ends at " in table.stdout and "from the generation config" in table.stdout
     bad = subprocess.run([*run, str(tmp_path / "nowhere")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "No tokenizer could be loaded" in bad.stderr
 
@@ -265,7 +339,7 @@ def family_model(tiny_model_dir: Path, name: str, out: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "native"), [("qwen3", False), ("gptoss", False), ("gptoss", True)])
+@pytest.mark.parametrize(("name", "native"), [("qwen3", False), ("gptoss", False)])
 def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, native, tiny_model_dir, base_tokenizer, tmp_path):
     """`seal train --config smoke-cpu` (one round) and `seal eval --policy hf:DIR` exit 0 with
     Qwen3's template (rendered through TRL's training variant) and gpt-oss's, in bfcl_qwen_fc mode
@@ -286,6 +360,41 @@ def test_a_tiny_model_with_a_family_template_trains_a_round_and_evaluates(name, 
     assert len((tmp_path / "eval" / "results.jsonl").read_text().splitlines()) == 1
     if name == "qwen3":
         assert "training variant" in trained.stderr and "training variant" in evaluated.stderr
+
+
+@pytest.mark.slow
+def test_gptoss_as_it_ships_warm_starts_trains_a_round_and_evaluates_with_its_own_calls(tiny_model_dir, tmp_path):
+    """gpt-oss's template with its published stops (eos <|return|>; the generation config's <|return|>,
+    <|endoftext|>, <|call|>): a tiny model warm-started on one task's ground truth in harmony calls
+    (``seal train``: SFT, then a round of SEAL), then ``seal eval --format native``; both exit 0 and
+    both execute the calls the model wrote, which end at <|call|> and are parsed from the model's
+    own format, and the episodes run to their end (each final answer ended at <|return|>)."""
+    import yaml
+
+    model = family_model(tiny_model_dir, "gptoss", tmp_path / "gptoss")
+    task = "multi_turn_base_105"
+    recipe = {"model": {"path": str(model)}, "data": {"task_ids": [task]},
+              "env": {"prompt_mode": "chat_template", "call_format": "native"},
+              "warm_start": {"interfaces": ["vanilla", "seal"], "data": [{"source": "oracle", "tasks": [task], "repeat": 2}],
+                             "sft": {"learning_rate": 3.0e-3, "warmup_steps": 2, "lr_scheduler_type": "constant_with_warmup",
+                                     "max_steps": 80, "per_device_train_batch_size": 4}},
+              "grpo": {"num_generations": 2, "tasks_per_step": 1, "tasks_per_update": 1, "per_device_train_batch_size": 2,
+                       "learning_rate": 1.0e-4, "max_steps": 1, "bf16": False},
+              "budgets": {"max_prompt_tokens": 16384, "max_completion_tokens": 256, "max_new_tokens": 48},
+              "interface": {"preset": "seal"}, "apatch": {"preset": "seal"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    trained = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", str(tmp_path / "recipe.yaml"),
+                              "--out", str(tmp_path / "run")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    rollouts = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 2 and any(call["accepted"] for r in rollouts for call in r["trace"])
+    evaluated = subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"hf:{tmp_path / 'run' / 'model'}",
+                                "--split", "train", "--tasks", task, "--format", "native", "--prompt-mode", "chat_template",
+                                "--max-new-tokens", "48", "--out", str(tmp_path / "eval")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    result, = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert [c["name"] for c in result["trace"] if c["accepted"]] and result["end_reason"] == "completed", result["end_reason"]
+    assert any(m.get("tool_calls") for m in result["messages"])  # parsed from harmony, not text
 
 
 def test_evaluation_prompts_are_the_models_own_rendering(families, task_set):

@@ -23,6 +23,7 @@ from seal_rl.families import family, trl_templates  # noqa: F401  (re-exported: 
 from seal_rl.interface import Interface, InterfaceState
 from seal_rl.policies import OraclePolicy, ScriptedAgent
 from seal_rl.rollout import Budgets, run_episodes
+from seal_rl.stops import message_stops
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens, Trajectory, episode_template, prompt_opener, render_or_explain, special_tokens
@@ -166,10 +167,13 @@ def _tools_at(interface: Interface, task: Task, turn: int, mode: str) -> list[di
 
 
 def check(tokenizer: Any, task_set: TaskSet | None = None, task_ids: tuple[str, ...] = CHECK_TASKS) -> dict[str, Any]:
-    """``seal templates check``'s answer: ``{"works", "family", "modes": [ModeReport, ...]}``."""
+    """``seal templates check``'s answer: ``{"works", "family", "tasks", "stops", "generation_config_stops",
+    "modes": [ModeReport, ...]}``; ``stops``: where a message ends (:func:`seal_rl.stops.message_stops`)."""
     task_set = task_set or TaskSet.load()
     tasks = [task_set.get(t) for t in task_ids]
     modes = [check_mode(tokenizer, mode, call_format, tasks, task_set) for mode, call_format in MODES]
+    stops = message_stops(tokenizer)
     return {"works": any(m.works for m in modes), "family": family(tokenizer), "tasks": list(task_ids),
-            "modes": [asdict(m) for m in modes]}  # fmt: skip
+            "stops": [tokenizer.decode([i]) for i in sorted(stops.ids)],
+            "generation_config_stops": [tokenizer.decode([i]) for i in stops.configured], "modes": [asdict(m) for m in modes]}  # fmt: skip
 

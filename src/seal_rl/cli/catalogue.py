@@ -155,6 +155,9 @@ def templates_check(
         family = report["family"] or "none of TRL's templates"
         verdict = "works" if report["works"] else "does not work"
         out.print(f"{model}: template family {family}; {verdict} with seal-rl", markup=False, highlight=False, soft_wrap=True)
+        source = "the generation config, the tokenizer's eos and the template" if report["generation_config_stops"] else \
+            "the tokenizer's eos and the template (no generation config found beside the tokenizer)"
+        out.print(f"  a message ends at {', '.join(report['stops'])} (from {source})", markup=False, highlight=False, soft_wrap=True)
         for m in report["modes"]:
             if m["works"]:
                 template = "TRL's training variant of the template" if m["template"] == "trl_training" else "its own template"
