@@ -55,8 +55,8 @@ def smollm2_tokenizer(smollm2_dir):
 class Recording(TranscriptGenerator):
     """The oracle's messages as a model would emit them (its tokens + end-of-message), remembered."""
 
-    def __init__(self, agents, chat, eos_id):
-        super().__init__(agents, chat, eos_id)
+    def __init__(self, agents, chat):
+        super().__init__(agents, chat)
         self.emitted: dict[int, list[list[int]]] = {}
 
     def generate(self, requests, seed):
@@ -180,7 +180,7 @@ class CharByChar(Recording):
         out = TranscriptGenerator.generate(self, requests, seed)
         for request, generation in zip(requests, out):
             if generation is not None:
-                generation.token_ids = [t for c in generation.text for t in self.chat.encode(c)] + [self.eos_id]
+                generation.token_ids = [t for c in generation.text for t in self.chat.encode(c)] + [self.chat.stops.end_id]
                 self.emitted.setdefault(request.episode, []).append(generation.token_ids)
         return out
 
