@@ -13,7 +13,8 @@ tokenizer, chat template, generation config), so nothing downstream knows the di
    architecture; transformers dequantizes it (bf16) and the weights are re-saved as safetensors.
    The chat template is kept as text; transformers renders it in its sandboxed Jinja environment.
    The generation config lists the stops the GGUF metadata names (end of sequence, turn, message)
-   and the template's own terminator (:mod:`seal_rl.stops`).
+   or implies as llama.cpp reads it (:data:`GGUF_STOP_TEXTS`), and the template's own terminator
+   (:mod:`seal_rl.stops`).
 4. The finished directory enters ``$SEAL_CACHE_DIR/models/NAME`` in one atomic rename, so an
    interrupted pull leaves nothing half-written (its temporary folder is removed on the next pull).
 
@@ -130,7 +131,12 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # Tokens that end an assistant message in the chat formats transformers' GGUF loader knows
 # (ChatML, Llama 3, Phi-3, Gemma): generation stops on any of them.
 GGUF_STOP_FIELDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-"""the GGUF metadata that names where a message ends (llama.cpp's end-of-sequence, -turn and -message ids)"""
+"""the GGUF metadata that names where a message ends (end of sequence, of turn, of message)"""
+GGUF_STOP_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+                   "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")  # fmt: skip
+"""the tokens llama.cpp, GGUF's reference reader, also ends generation on when the vocabulary has them
+(its end-of-generation set, ``llama-vocab.cpp``); harmony's ``<|end|>`` is left out where ``<|return|>``
+or ``<|call|>`` exist (gpt-oss continues a turn after it)"""
 
 
 def models_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -411,8 +417,11 @@ def _convert(gguf_path: Path, target: Path, report: Callable[[str], None]) -> No
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict(), strict=True)
     del loaded
-    # the stops the metadata names, and those the template implies (its terminator after a message: seal_rl.stops)
-    ends = sorted({i for i in info["stop_ids"] if 0 <= i < len(tokenizer)} | message_stops(tokenizer).ids)
+    # the stops the metadata names or implies, and the template's terminators after a message (seal_rl.stops)
+    vocabulary = tokenizer.get_vocab()
+    harmony = "<|return|>" in vocabulary or "<|call|>" in vocabulary
+    implied = {vocabulary[t] for t in GGUF_STOP_TEXTS if t in vocabulary and not (harmony and t == "<|end|>")}
+    ends = sorted({i for i in info["stop_ids"] if 0 <= i < len(tokenizer)} | implied | message_stops(tokenizer).ids)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.generation_config.eos_token_id = ends
