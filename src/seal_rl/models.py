@@ -375,7 +375,7 @@ def inspect_gguf(path: Path) -> dict[str, Any]:
         reader = GGUFReader(str(path))
         architecture = _field(reader, "general.architecture")
         title = _field(reader, "general.name") or ""
-        stops = sorted({int(reader.fields[key].parts[reader.fields[key].data[0]][0]) for key in GGUF_STOP_FIELDS if key in reader.fields})
+        stops = sorted({_int_field(reader, key) for key in GGUF_STOP_FIELDS if key in reader.fields})
     except Exception as exc:  # the gguf reader raises ValueError, struct errors, IndexError, ... on bad bytes
         raise SealError(f"{path.name} is not a readable GGUF file (truncated or corrupt?): {type(exc).__name__}: {exc}".strip()) from exc
     if architecture is None:
@@ -391,6 +391,11 @@ def _field(reader: Any, key: str) -> str | None:
     if field is None:
         return None
     return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+
+
+def _int_field(reader: Any, key: str) -> int:
+    field = reader.fields[key]
+    return int(field.parts[field.data[0]][0])
 
 
 def _convert(gguf_path: Path, target: Path, report: Callable[[str], None]) -> None:

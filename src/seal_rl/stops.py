@@ -115,7 +115,7 @@ def template_terminators(tokenizer: Any, chat_template: str | None = None, speci
         return None
 
     def after_mark(text: str | None) -> str:
-        return _leading(text[text.rindex(MARK) + len(MARK) :], specials) if text and MARK in text else ""
+        return leading_special(text[text.rindex(MARK) + len(MARK) :], specials) if text and MARK in text else ""
 
     marked = {"role": "assistant", "content": "A" + MARK}
     ended = render([*_OPENING, marked])
@@ -127,11 +127,11 @@ def template_terminators(tokenizer: Any, chat_template: str | None = None, speci
     rendered = render([*_OPENING, call_message])
     body = rendered.rstrip() if rendered else ""
     body = body[: -len(closing)].rstrip() if closing and body.endswith(closing) else body
-    call = _trailing(body, specials)
+    call = trailing_special(body, specials)
     if not call or _closes_a_tag(call, specials):
         result = {"role": "tool", "name": "probe_tool_x7", "tool_call_id": "call_0", "content": "R"}
         extended = render([*_OPENING, call_message, result])
-        call = _leading(extended[len(rendered) :], specials) if rendered and extended and extended.startswith(rendered) else ""
+        call = leading_special(extended[len(rendered) :], specials) if rendered and extended and extended.startswith(rendered) else ""
     return last, earlier, call
 
 
@@ -140,11 +140,13 @@ def special_tokens(tokenizer: Any) -> list[str]:
     return sorted({*tokenizer.all_special_tokens, *getattr(tokenizer, "added_tokens_encoder", {})}, key=len, reverse=True)
 
 
-def _leading(text: str, specials: list[str]) -> str:
+def leading_special(text: str, specials: list[str]) -> str:
+    """The special token ``text`` starts with (``specials`` longest first: :func:`special_tokens`), or ``""``."""
     return next((s for s in specials if s and text.startswith(s)), "")
 
 
-def _trailing(text: str, specials: list[str]) -> str:
+def trailing_special(text: str, specials: list[str]) -> str:
+    """The special token ``text`` ends with, or ``""``."""
     return next((s for s in specials if s and text.endswith(s)), "")
 
 

@@ -88,8 +88,10 @@ def _as_history(trajectory: Trajectory, tokenizer: Any, history: dict[str, str])
     and the pairs so rewritten before the sample's end: what the episode keeps as generated."""
     ids, mask, kept = list(trajectory.completion_ids), trajectory.env_mask, {}
     for k, token in enumerate(ids):
+        if not mask[k] or (k + 1 < len(ids) and mask[k + 1]):
+            continue  # not the last token of a model message
         text = tokenizer.decode([token])
-        if mask[k] and (k + 1 == len(ids) or not mask[k + 1]) and text in history:
+        if text in history:
             ids[k] = tokenizer.convert_tokens_to_ids(history[text])
             kept |= {text: history[text]} if k + 1 < len(ids) else {}
     return tokenizer.decode(trajectory.prompt_ids + ids, skip_special_tokens=False), kept

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.reasoning import REASONING_FIELDS, THINK_CLOSE, THINK_OPEN, split_reasoning
 from seal_rl.stops import MARK as _MARK
-from seal_rl.stops import PROBE_CALL, PROBE_TOOL, Stops, message_stops, special_tokens
+from seal_rl.stops import PROBE_CALL, PROBE_TOOL, Stops, leading_special, message_stops, special_tokens, trailing_special
 
 Message = dict[str, Any]
 NOT_PREFIX_STABLE = (
@@ -110,6 +110,7 @@ class ChatTokens:
         self._tools_checked = False
         self._opener: str | None = None
         self._specials = special_tokens(tokenizer)
+        self._ends = frozenset(self.stops.ends | {tokenizer.decode([i]) for i in pad}) - {""}
 
     @classmethod
     def for_episodes(cls, tokenizer: Any, prompt_mode: str, call_format: str = "hermes") -> ChatTokens:
@@ -300,17 +301,17 @@ class ChatTokens:
         tail = rendered[len(stripped) :]
         return (tail if last in self.message_ends() else end + tail) + after
 
-    def message_ends(self) -> set[str]:
+    def message_ends(self) -> frozenset[str]:
         """The tokens that end an assistant message, as text: the stops (and padding) and what the
         template writes right after a message's content, as the last message and as an earlier
         one (Qwen ``<|im_end|>``; gpt-oss ``<|return|>``, ``<|end|>`` and, after a call, ``<|call|>``)."""
-        return set(self.stops.ends) | {self.tokenizer.decode([i]) for i in self.eos_ids} - {""}
+        return self._ends
 
     def _leading_special(self, text: str) -> str:
-        return next((s for s in self._specials if s and text.startswith(s)), "")
+        return leading_special(text, self._specials)
 
     def _trailing_special(self, text: str) -> str:
-        return next((s for s in self._specials if s and text.endswith(s)), "")
+        return trailing_special(text, self._specials)
 
     def _written(self, message: Message) -> list[int]:
         """A structured message's ids as the model would write them: the template's rendering of
