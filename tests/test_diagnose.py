@@ -340,3 +340,26 @@ def test_an_unclosed_tool_call_block_under_the_bfcl_protocol_is_an_invalid_tool_
     assert record["trace"] == []
     label = diagnose(record).labels[0]
     assert label.label == "invalid_tool_call" and label.evidence["syntax"] == "hermes" and "</tool_call>" in label.evidence["error"]
+
+
+def test_turn_measures_count_passed_turns_and_accepted_call_messages(task_set):
+    """The study's per-turn measures (benchmarks/bench_real_study.py): the oracle passes every turn and
+    every message that writes a ``<tool_call>`` block was an accepted call; a turn answered in plain text is
+    the one turn that fails, with its label, and its message is not a call."""
+    from seal_rl.evaluate import episode_counts, turn_measures
+
+    env = BfclEnv()
+    tasks = [task_set.get("multi_turn_base_100"), task_set.get("multi_turn_base_115")]
+    oracle = [play(env, e) for e in OraclePolicy().episodes(tasks, task_set, "hermes")]
+    plain = [play(env, e) for e in OraclePolicy(faults=1.0, kinds=("plain_text",), turn=-1, seed=0).episodes(tasks, task_set, "hermes")]
+    turns = sum(r["num_turns"] for r in oracle)
+    assistant = [m for r in oracle for m in r["messages"] if m["role"] == "assistant"]
+    measured = turn_measures(episode_counts(r) for r in oracle)
+    assert measured["turn_pass_rate"] == 1.0 and measured["turns"] == turns and measured["labels"] == {}
+    assert measured["messages"] == len(assistant)
+    assert measured["call_share"] == sum("<tool_call>" in m["content"] for m in assistant) / len(assistant) < 1.0
+    faulted = turn_measures(episode_counts(r) for r in plain)
+    assert faulted["turn_pass_rate"] == (turns - len(tasks)) / turns
+    assert faulted["labels"] == {"missing_tool_call": len(tasks)}
+    assert faulted["call_share"] < measured["call_share"]
+    assert turn_measures([]) == {"turn_pass_rate": 0.0, "call_share": 0.0, "turns": 0, "messages": 0, "labels": {}}

@@ -75,7 +75,7 @@ def learned(tiny_model_dir, tmp_path_factory, task_set):
     """The same GRPO run with A-Patch (our labels: plain-text failures weigh ρ(missing_tool_call) = 1.5)
     and without it; log-probabilities of the rewarded and unrewarded transcripts before and after."""
     root = tmp_path_factory.mktemp("learn")
-    validation = {"eval.every_rounds": 3, "eval.tasks": "[" + ",".join(TASKS) + "]", "eval.keep_best": True}
+    validation = {"eval.every_rounds": 3, "eval.tasks": "[" + ",".join(TASKS) + "]", "eval.keep_best": True, "eval.protocol": "bfcl"}
     with_apatch = _train(tiny_model_dir, root / "apatch", **validation)
     without = _train(tiny_model_dir, root / "plain", **{"apatch.enabled": False})
     samples = _samples(tiny_model_dir, task_set)
@@ -129,6 +129,19 @@ def test_validation_is_logged_greedy_and_keeps_the_best(learned):
         assert line["validation/episodes"] == len(TASKS) and set(line["validation/tasks"]) == set(TASKS)
         low, high = line["validation/average_ci95"]
         assert 0.0 <= low <= line["validation/average"] <= high <= 1.0
+        # played under eval.protocol (bfcl), not the training protocol (seal), and kept with Ψ's labels
+        assert line["validation/protocol"] == "bfcl"
+        records = _jsonl(out / "validation" / f"round_{line['round']}.jsonl")
+        assert [r["task_id"] for r in records] == TASKS
+        assert {r["reward"] for r in records} <= {0.0, 1.0}
+        assert {r["task_id"]: r["reward"] for r in records} == line["validation/tasks"]
+        labels = [t["label"] for r in records for t in r["diagnosis"]["labels"]]
+        assert line["validation/turns"] == len(labels) == sum(r["num_turns"] for r in records)
+        failed = [z for z in labels if z not in ("pass", "correct_abstention")]
+        assert sum(line["validation/labels"].values()) == len(failed)
+        assert line["validation/turn_pass_rate"] == 1 - len(failed) / len(labels)
+        assert 0.0 <= line["validation/call_share"] <= 1.0
+        assert line["validation/messages"] == sum(m["role"] == "assistant" for r in records for m in r["messages"])
     best = json.loads((out / "best" / "validation.json").read_text())
     assert best["validation/average"] == max(v["validation/average"] for v in lines)
     assert (out / "best" / "config.json").exists() and (out / "best" / "tokenizer.json").exists()

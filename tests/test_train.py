@@ -131,6 +131,9 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
         (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
         (["layout=turns"], "layout must be one of episode, turn"),
         (["layout=turn", "turn_samples=3"], "must be at least 1 and divide grpo.per_device_train_batch_size"),
+        (["eval.protocol=official"], r"eval.protocol must be one of \['bfcl', 'seal'\]"),
+        (["env.call_format=json", "env.prompt_mode=chat_template", "eval.protocol=bfcl"],
+         "eval.protocol 'bfcl' cannot play this recipe's env: The bfcl protocol decodes the hermes and pythonic"),
     ],
 )
 def test_bad_recipes_fail_clearly(overrides, message):

@@ -62,6 +62,38 @@ def play(env: BfclEnv, episode: Episode) -> dict[str, Any]:
     return rollout.record
 
 
+PASSING_LABELS = frozenset({"pass", "correct_abstention"})
+
+
+def episode_counts(record: dict[str, Any]) -> dict[str, Any]:
+    """What one finished episode did, turn by turn and message by message, as counts that pool over
+    episodes (:func:`turn_measures`): its ground-truth turns and those Ψ labels ``pass`` or
+    ``correct_abstention``; its model messages and those that were accepted calls (at least one call
+    read in the required syntax and executed: a trace entry with ``accepted``); Ψ's label of each turn
+    that did not pass. The record needs its ``diagnosis`` (:func:`~seal_rl.diagnose.add_diagnosis`)."""
+    labels = [t["label"] for t in record["diagnosis"]["labels"]]
+    return {
+        "turns": len(labels),
+        "passed": sum(label in PASSING_LABELS for label in labels),
+        "messages": sum(m["role"] == "assistant" for m in record["messages"]),
+        "calls": len({entry["step"] for entry in record["trace"] if entry["accepted"]}),
+        "labels": [label for label in labels if label not in PASSING_LABELS],
+    }
+
+
+def turn_measures(counts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled :func:`episode_counts`: the turn pass rate (passed / ground-truth turns), the share of
+    model messages that were accepted calls, and the label counts of the turns that did not pass."""
+    turns = passed = messages = calls = 0
+    labels: dict[str, int] = {}
+    for c in counts:
+        turns, passed, messages, calls = turns + c["turns"], passed + c["passed"], messages + c["messages"], calls + c["calls"]
+        for label in c["labels"]:
+            labels[label] = labels.get(label, 0) + 1
+    return {"turn_pass_rate": passed / turns if turns else 0.0, "call_share": calls / messages if messages else 0.0,
+            "turns": turns, "messages": messages, "labels": dict(sorted(labels.items(), key=lambda kv: -kv[1]))}  # fmt: skip
+
+
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Success per category with Wilson 95% intervals, their unweighted average (the paper's metric,
     with an adjusted Wald interval), the overall rate, pass@k over samples and generation errors.

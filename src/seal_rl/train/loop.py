@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from seal_rl.rollout import Budgets, DriverStats, derived_seed, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.recipe import SealRecipe
-from seal_rl.train.run_dir import METRICS_FILE, _best_validation, save_model
+from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
 from seal_rl.train.samples import trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
 
@@ -103,6 +103,7 @@ class SealLoop:
         self.out = out
         self.is_main = is_main
         self.env_config = EnvConfig(**recipe.env)
+        self.validation_config = replace(self.env_config, protocol=recipe.eval.protocol or self.env_config.protocol)
         self.budgets = Budgets(**recipe.budgets)
         self.interface_config = InterfaceConfig(**recipe.interface)
         self.apatch = ApatchConfig(**recipe.apatch)
@@ -137,11 +138,12 @@ class SealLoop:
     # validation (greedy, strict, interface removed) -------------------------------------------
 
     def validate(self, trainer: Any, round_index: int) -> dict[str, Any]:
-        """Play the validation tasks greedily under the evaluation interface; log and keep the best.
+        """Play the validation tasks greedily under the evaluation interface and ``eval.protocol``; log the
+        success, turn pass rate, accepted-call share and labels, and keep the best.
 
         A collective: every rank plays its share of the tasks and the results are gathered.
         """
-        from seal_rl.evaluate import summarize
+        from seal_rl.evaluate import episode_counts, summarize, turn_measures
 
         began = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -152,20 +154,25 @@ class SealLoop:
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
-            mine, generator, lambda: BfclEnv(self.env_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
+            mine, generator, lambda: BfclEnv(self.validation_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
         )  # fmt: skip
         generator.close()
         model.train(training)
-        results = _gather(trainer, [{k: r.record[k] for k in ("index", "task_id", "category", "reward")} for r in rollouts])
-        results.sort(key=lambda r: r["index"])
+        for r in rollouts:
+            add_diagnosis(r.record, self.recipe.diagnosis.priority)
+        results = sorted(_gather(trainer, [r.record for r in rollouts]), key=lambda r: r["index"])
         summary = summarize(results)
+        measures = turn_measures(episode_counts(r) for r in results)
         elapsed = time.perf_counter() - began
         line = {
             "round": round_index, "step": trainer.state.global_step, "kind": "validation",
             "validation/average": summary["average"], "validation/average_ci95": summary["average_ci95"],
             "validation/overall": summary["overall"], "validation/episodes": summary["episodes"],
             "validation/categories": summary["categories"], "validation/tasks": {r["task_id"]: r["reward"] for r in results},
+            "validation/turn_pass_rate": measures["turn_pass_rate"], "validation/call_share": measures["call_share"],
+            "validation/labels": measures["labels"], "validation/turns": measures["turns"],
+            "validation/messages": measures["messages"], "validation/protocol": self.validation_config.protocol,
             "validation/seconds": round(elapsed, 2),
         }  # fmt: skip
         self.timing["validation"] += elapsed
@@ -180,6 +187,10 @@ class SealLoop:
                 (self.out / "best" / "validation.json").write_text(json.dumps(line, indent=1) + "\n")
             with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line) + "\n")
+            (self.out / VALIDATION_DIR).mkdir(exist_ok=True)
+            with open(self.out / VALIDATION_DIR / f"round_{round_index}.jsonl", "w", encoding="utf-8") as handle:
+                for record in results:
+                    jsonl.append(handle, record)
         return line
 
     # rollout_func (TRL calls it with this process's prompts) --------------------------------

@@ -29,6 +29,7 @@ from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.interface import InterfaceConfig, InterfaceState
+from seal_rl.protocol import PROTOCOLS
 from seal_rl.rollout import Budgets
 from seal_rl.sft import WarmStartConfig, check_source
 
@@ -143,10 +144,15 @@ class ValidationConfig:
     recipe trains on the whole split these tasks are removed from training"""
     keep_best: bool = False
     """save the model with the best validation success (average of category rates) to ``best/``"""
+    protocol: str | None = None
+    """``bfcl`` | ``seal``: the protocol validation episodes are played under (None: ``env.protocol``,
+    the one training uses). ``bfcl`` measures as ``seal eval`` does by default"""
 
     def __post_init__(self) -> None:
         if self.every_rounds < 0 or self.holdout < 0:
             raise SealError("eval.every_rounds and eval.holdout must be >= 0.")
+        if self.protocol not in (None, *PROTOCOLS):
+            raise SealError(f"eval.protocol must be one of {list(PROTOCOLS)} (or left out: env.protocol), got {self.protocol!r}.")
 
 
 @dataclass
@@ -259,6 +265,11 @@ def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
 def validate(recipe: SealRecipe) -> None:
     """Check what spans several fields; build every sub-config so its own checks run too."""
     _section("env", EnvConfig, {k: v for k, v in recipe.env.items() if v != "auto"})  # auto: picked per model at start
+    if recipe.eval.protocol is not None:
+        try:
+            EnvConfig(**{k: v for k, v in {**recipe.env, "protocol": recipe.eval.protocol}.items() if v != "auto"})
+        except SealError as exc:
+            raise SealError(f"eval.protocol {recipe.eval.protocol!r} cannot play this recipe's env: {exc}") from None
     _section("budgets", Budgets, recipe.budgets)
     for source in recipe.warm_start.data:
         check_source(source)

@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` (with the resolved task ids), ``metrics.jsonl`` (a
 ``rollout`` line per round, a ``validation`` line per validation, ``trainer`` lines of TRL's
-logs), ``trajectories.jsonl``, ``profile/``, ``interface/``, ``time.json``, ``checkpoints/``
+logs), ``trajectories.jsonl``, ``profile/``, ``interface/``, ``validation/`` (each validation's
+episodes, ``round_N.jsonl``, with their diagnosis), ``time.json``, ``checkpoints/``
 (each with ``seal_state.json``), ``tensorboard/`` and ``model/``; with a recipe's ``warm_start``
 also ``warm_start/``, with ``eval.keep_best`` also ``best/``. Resuming keeps only the log lines of
 rounds the checkpoint has seen (:func:`_drop_logs_after`). :func:`save_model` writes ``model/`` and
@@ -22,6 +23,7 @@ from seal_rl.errors import SealError
 SEAL_STATE_FILE = "seal_state.json"
 METRICS_FILE = "metrics.jsonl"
 TIME_FILE = "time.json"
+VALIDATION_DIR = "validation"
 """this session's seconds per phase when training ended, the last round's optimisation included"""
 
 

@@ -1,0 +1,390 @@
+"""Does SEAL beat vanilla GRPO on a real model? The held-out study of docs/real-study.md.
+
+One warm start (the training recipe's SFT, on tasks that are never measured) is shared by every arm.
+Each arm then trains with GRPO from it, with the same recipe, tasks, budgets and seeds, changing only
+the interface and A-Patch sections (taken from the shipped recipe the study file names for it). The
+design — recipe, rounds, arms and their seeds, held-out and test tasks — is ``benchmarks/real_study.yaml``.
+
+Measured per arm and seed:
+
+* every round, on the held-out training-split tasks (greedy, the ``bfcl`` protocol, interface removed;
+  the run's in-training validation, ``eval.protocol: bfcl``): success, turn pass rate, the share of
+  model messages that were accepted calls in the required syntax, the failure labels;
+* every round, from the rollouts (sampled, the training protocol and interface): success, the share of
+  groups with non-zero advantages, the interface components the agents saw;
+* at the end, the trained model on the test tasks of the real-model baseline (``seal eval``, greedy,
+  ``bfcl`` protocol), for the arms the study file lists under ``test``.
+
+Per arm, pooled over seeds: Wilson intervals and paired comparisons against vanilla GRPO over (task,
+seed) pairs (exact McNemar, bootstrap interval of the difference), as ``seal compare`` computes them.
+
+Every step is a ``seal train`` / ``seal eval`` run in its own directory under ``--out``: a killed study
+resumes where it stopped when the same command is run again (finished runs are kept; a run killed
+mid-training resumes from its newest checkpoint).
+
+Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml] [--out runs/real-study]
+       [--recipe NAME] [--set KEY=VALUE ...] [--smoke]
+(``make bench-real-study``; the models must be pulled: ``make models``). Prints the table and writes
+``OUT/summary.json``, ``OUT/table.md``, ``OUT/curves.png`` and ``OUT/report.html``.
+
+``--smoke``: the CI check — the SEAL arm alone, one seed, two rounds, one held-out task, no test
+evaluation; exits 1 unless some of its rollouts carry a non-zero advantage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from seal_rl import recipes
+from seal_rl.evaluate import episode_counts, turn_measures
+from seal_rl.stats import compare_runs, wilson
+from seal_rl.tasks import CATEGORIES, TaskSet
+from seal_rl.train import batch_layout, load_recipe, read_metrics, sft
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "benchmarks" / "real_study.yaml"
+BASELINE = "vanilla-grpo"
+SMOKE = {"arm": "seal-full", "seeds": [0], "rounds": 2, "held_out": 1}
+
+
+# -- the design --------------------------------------------------------------------------------
+
+
+def load_study(path: Path, smoke: bool) -> dict:
+    """The study file, checked; ``smoke`` narrows it to the CI check."""
+    study = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for key in ("recipe", "rounds", "arms", "held_out", "test"):
+        if key not in study:
+            sys.exit(f"{path}: missing '{key}' (see benchmarks/real_study.yaml).")
+    if smoke:
+        study["arms"] = {SMOKE["arm"]: {**study["arms"][SMOKE["arm"]], "seeds": SMOKE["seeds"]}}
+        study["rounds"], study["held_out"] = SMOKE["rounds"], study["held_out"][: SMOKE["held_out"]]
+        study["test"] = {**study["test"], "arms": []}
+    return study
+
+
+def test_tasks(per_category: int) -> list[str]:
+    """The real-model baseline's test tasks: the first ``per_category`` of each category (docs/real-models.md)."""
+    task_set = TaskSet.load()
+    return [t.id for category in CATEGORIES for t in task_set.select("test", [category])[:per_category]]
+
+
+def arm_overrides(arm_recipe: str) -> list[str]:
+    """The interface and A-Patch sections of a shipped recipe, as overrides of the study's recipe."""
+    shipped = yaml.safe_load(recipes.resolve(arm_recipe).read_text(encoding="utf-8"))
+    return ["interface=" + json.dumps(shipped.get("interface", {})), "apatch=" + json.dumps(shipped.get("apatch", {}))]
+
+
+def run_overrides(study: dict, recipe_name: str, extra: list[str]) -> list[str]:
+    """What every arm's run sets: the held-out tasks, measured under bfcl each round, and the rounds."""
+    recipe = load_recipe(recipe_name, extra)
+    updates = batch_layout(recipe, 1)["updates_per_round"]
+    return [*extra, "warm_start.data=[]", "eval.every_rounds=1", "eval.protocol=bfcl",
+            "eval.tasks=" + json.dumps(study["held_out"]), f"grpo.max_steps={study['rounds'] * updates}"]  # fmt: skip
+
+
+# -- running it (each step resumable) ------------------------------------------------------------
+
+
+def seal(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "seal_rl", *args], cwd=ROOT)
+    if done.returncode:
+        sys.exit(f"`seal {' '.join(args[:3])} …` exited {done.returncode}; run the same command again to resume.")
+
+
+def train_run(run: Path, recipe_name: str, overrides: list[str]) -> None:
+    if (run / "model" / "config.json").exists():
+        return
+    if any(run.glob("checkpoints/checkpoint-*")):
+        seal("train", "--resume", str(run))
+        return
+    if run.exists():  # killed before its first checkpoint: nothing to keep
+        shutil.rmtree(run)
+    seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)))
+
+
+def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int) -> list[dict]:
+    env = load_recipe(recipe_name, extra).env
+    seal("eval", "--policy", f"hf:{model}", "--split", "test", "--tasks", ",".join(tasks), "--protocol", "bfcl",
+         "--prompt-mode", env["prompt_mode"], "--format", env["call_format"], "--max-new-tokens", str(max_new_tokens),
+         "--out", str(out))  # fmt: skip
+    return [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# -- what a run measured -------------------------------------------------------------------------
+
+
+def run_curves(run: Path) -> dict:
+    """Per round (validation: 0 = the warm start) what the run's metrics.jsonl says."""
+    validation, rollouts = read_metrics(run, "validation"), read_metrics(run, "rollout")
+    return {
+        "held_out_success": [v["validation/overall"] for v in validation],
+        "held_out_turn_pass": [v["validation/turn_pass_rate"] for v in validation],
+        "held_out_call_share": [v["validation/call_share"] for v in validation],
+        "held_out_labels": [v["validation/labels"] for v in validation],
+        "held_out_tasks": [v["validation/tasks"] for v in validation],
+        "rollout_success": [m["rollout/reward_mean"] for m in rollouts],
+        "nonzero_advantage_groups": [1.0 - m["rollout/groups_zero_variance"] for m in rollouts],
+        "rollout_labels": [m["labels/share"] for m in rollouts],
+        "interface": [m["interface/active"] for m in rollouts],
+        "seconds": json.loads((run / "time.json").read_text())["time/seconds"] if (run / "time.json").exists() else {},
+    }
+
+
+def nonzero_advantages(run: Path) -> int:
+    """How many of the run's rollouts carry a non-zero advantage after A-Patch."""
+    lines = (run / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
+    return sum(abs(json.loads(line)["advantage_after"]) > 1e-8 for line in lines if line.strip())
+
+
+def rate(records: list[dict]) -> list[float]:
+    ok, n = sum(r["reward"] == 1.0 for r in records), len(records)
+    return [ok / n if n else 0.0, *wilson(ok, n)]
+
+
+def test_summary(records: list[dict]) -> dict:
+    """Success with its interval and the turn measures of ``seal eval`` records (they carry Ψ's diagnosis)."""
+    return {"success": rate(records), **turn_measures(episode_counts(r) for r in records)}
+
+
+def versus(baseline: list[dict], records: list[dict]) -> dict:
+    c = compare_runs(baseline, records)
+    return {"difference": c.average_difference[0], "ci95": list(c.average_difference[1:]), "p_mcnemar": c.overall.p_value,
+            "discordant": [c.overall.only_a, c.overall.only_b], "pairs": c.overall.pairs}  # fmt: skip
+
+
+def held_out_records(curves: dict, seed: int, task_set: TaskSet) -> list[dict]:
+    """The final held-out validation as episode records, for the paired comparison."""
+    final = curves["held_out_tasks"][-1] if curves["held_out_tasks"] else {}
+    return [{"task_id": t, "category": task_set.get(t).category, "reward": r, "sample": seed} for t, r in final.items()]
+
+
+# -- the study -----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", type=Path, default=STUDY, help="the design file (arms, seeds, tasks, rounds)")
+    parser.add_argument("--out", type=Path, help="default: runs/real-study (runs/real-study-smoke with --smoke)")
+    parser.add_argument("--recipe", help="train with this recipe instead of the study file's (e.g. paper-qwen2.5-7b on a GPU)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override for every run")
+    parser.add_argument("--smoke", action="store_true", help="CI: SEAL arm, one seed, two rounds; fail without non-zero advantages")
+    args = parser.parse_args()
+    console = Console()
+    study = load_study(args.study, args.smoke)
+    recipe_name = args.recipe or study["recipe"]
+    out = (args.out or ROOT / "runs" / ("real-study-smoke" if args.smoke else "real-study")).resolve()
+    task_set = TaskSet.load()
+    overrides = run_overrides(study, recipe_name, args.overrides)
+    tests = test_tasks(study["test"]["per_category"])
+    began = time.perf_counter()
+    costs = json.loads((out / "costs.json").read_text()) if (out / "costs.json").exists() else {}
+
+    def timed(key: str, work) -> None:
+        if key in costs:
+            return work()
+        started = time.perf_counter()
+        result = work()
+        costs[key] = round(time.perf_counter() - started, 1)
+        (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
+        return result
+
+    out.mkdir(parents=True, exist_ok=True)
+    warm = out / "warm_start"
+    base = load_recipe(recipe_name, args.overrides)
+    if base.warm_start.data and not (warm / "model" / "config.json").exists():
+        console.print(f"[bold]warm start[/] -> {warm}")
+        timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
+    start_model = str(warm / "model") if base.warm_start.data else base.model.path
+    steps = [(arm, spec, seed) for seed in sorted({s for a in study["arms"].values() for s in a["seeds"]})
+             for arm, spec in study["arms"].items() if seed in spec["seeds"]]  # fmt: skip
+    test_results: dict[tuple[str, int | None], list[dict]] = {}
+
+    def measure_on_test(arm: str, seed: int | None, model: Path) -> None:
+        name = arm if seed is None else f"{arm}-seed{seed}"
+        console.print(f"[bold]{name}[/] on the {len(tests)} test tasks")
+        test_results[arm, seed] = timed(f"{name}/test", lambda: test_run(
+            model, out / "test" / name, tests, recipe_name, args.overrides, study["test"]["max_new_tokens"]))  # fmt: skip
+
+    if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
+        measure_on_test("warm_start", None, Path(start_model))
+    for k, (arm, spec, seed) in enumerate(steps, 1):  # seed by seed, so that a stopped study has whole seeds
+        run = out / arm / f"seed{seed}"
+        console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}")
+        timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
+            *overrides, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])]))  # fmt: skip
+        if arm in study["test"]["arms"]:
+            measure_on_test(arm, seed, run / "model")
+
+    results = summarize_study(study, steps, out, task_set, test_results)
+    results.update(seconds=round(time.perf_counter() - began, 1), costs=costs, tests=tests, recipe=recipe_name,
+                   overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"])  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+    table_md = render(results, console)
+    (out / "table.md").write_text(table_md)
+    if not args.smoke:
+        plot(results, out / "curves.png")
+        write_html(table_md, out / "curves.png", out / "report.html")
+    console.print(f"{out}/summary.json, table.md" + ("" if args.smoke else ", curves.png, report.html"))
+    if args.smoke:
+        run = out / SMOKE["arm"] / f"seed{SMOKE['seeds'][0]}"
+        moving = nonzero_advantages(run)
+        console.print(f"smoke: {moving} rollouts of {run} carry a non-zero advantage")
+        if not moving:
+            console.print("[red]smoke failed: every advantage is zero (no reward variance in any group)[/]")
+            return 1
+    return 0
+
+
+def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict) -> dict:
+    arms: dict[str, dict] = {}
+    for arm, _spec, seed in steps:
+        curves = run_curves(out / arm / f"seed{seed}")
+        entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
+        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}")})
+        entry["held_out"] += held_out_records(curves, seed, task_set)
+        entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
+    for arm, entry in arms.items():
+        entry["held_out_final"] = rate(entry["held_out"])
+        if entry["test"]:
+            entry["test_final"] = test_summary(entry["test"])
+        if arm != BASELINE and BASELINE in arms:
+            entry["held_out_vs_vanilla"] = versus(arms[BASELINE]["held_out"], entry["held_out"])
+            if entry["test"] and arms[BASELINE]["test"]:
+                entry["test_vs_vanilla"] = versus(arms[BASELINE]["test"], entry["test"])
+    warm = {}
+    if ("warm_start", None) in test_results:
+        warm["test"] = test_summary(test_results["warm_start", None])
+    first = next(iter(arms.values()))["seeds"][0] if arms else None
+    if first and first["held_out_success"]:  # round 0 of every run: the warm start, greedy, identical
+        warm["held_out"] = {"success": first["held_out_success"][0], "call_share": first["held_out_call_share"][0],
+                            "turn_pass_rate": first["held_out_turn_pass"][0], "labels": first["held_out_labels"][0]}  # fmt: skip
+    for entry in arms.values():  # records are kept in the run directories, not in the summary
+        entry.pop("held_out"), entry.pop("test")
+    return {"warm_start": warm, "arms": arms}
+
+
+# -- the table, the picture, the page ------------------------------------------------------------
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _curve(seeds: list[dict], key: str) -> str:
+    rounds = min(len(s[key]) for s in seeds)
+    return " → ".join(f"{_mean([s[key][i] for s in seeds]):.2f}" for i in range(rounds))
+
+
+def _vs(entry: dict, key: str) -> str:
+    vs = entry.get(key)
+    return "—" if vs is None else f"{vs['difference']:+.2f} ({vs['ci95'][0]:+.2f} to {vs['ci95'][1]:+.2f}), p={vs['p_mcnemar']:.2f}"
+
+
+def render(results: dict, console: Console) -> str:
+    """Two tables, printed and returned as Markdown: the curves per round, and the outcomes."""
+    warm = results["warm_start"]
+    held = warm.get("held_out", {})
+    title = (f"{results['recipe']}, {results['rounds']} rounds; held-out: {len(results['held_out'])} training-split tasks "
+             f"never trained on; test: {len(results['tests'])} baseline test tasks; greedy, bfcl protocol. Warm start: "
+             f"held-out success {held.get('success', 0):.2f}, accepted-call share {held.get('call_share', 0):.2f}"
+             + (f"; test success {warm['test']['success'][0]:.2f}, call share {warm['test']['call_share']:.2f}" if "test" in warm else ""))  # fmt: skip
+    curves = {"arm": lambda a, e: a, "seeds": lambda a, e: ",".join(str(s["seed"]) for s in e["seeds"]),
+              "rollout success": lambda a, e: _curve(e["seeds"], "rollout_success"),
+              "non-zero-advantage groups": lambda a, e: _curve(e["seeds"], "nonzero_advantage_groups"),
+              "held-out success (round 0 = warm start)": lambda a, e: _curve(e["seeds"], "held_out_success"),
+              "held-out accepted-call share": lambda a, e: _curve(e["seeds"], "held_out_call_share")}  # fmt: skip
+    outcomes = {"arm": lambda a, e: a,
+                "held-out final (95% CI)": lambda a, e: "{:.2f} ({:.2f}–{:.2f})".format(*e["held_out_final"]),
+                "held-out vs vanilla: Δ (95% CI), McNemar p": lambda a, e: _vs(e, "held_out_vs_vanilla"),
+                "test success (95% CI)": lambda a, e: _test(e, lambda t: "{:.2f} ({:.2f}–{:.2f})".format(*t["success"])),
+                "test call share": lambda a, e: _test(e, lambda t: f"{t['call_share']:.2f}"),
+                "test turn pass": lambda a, e: _test(e, lambda t: f"{t['turn_pass_rate']:.2f}"),
+                "test vs vanilla": lambda a, e: _vs(e, "test_vs_vanilla")}  # fmt: skip
+    markdown = [title, ""]
+    for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes)):
+        table = Table(*columns, title=caption)
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for arm, entry in results["arms"].items():
+            row = [cell(arm, entry) for cell in columns.values()]
+            table.add_row(*row)
+            lines.append("| " + " | ".join(row) + " |")
+        console.print(table)
+        markdown += [f"**{caption}**", "", *lines, ""]
+    console.print(title, highlight=False, soft_wrap=True)
+    return "\n".join(markdown)
+
+
+def _test(entry: dict, cell) -> str:
+    return "—" if "test_final" not in entry else cell(entry["test_final"])
+
+
+PANELS = [("held_out_success", "held-out success (greedy, bfcl)", True), ("held_out_call_share", "held-out accepted-call share", True),
+          ("rollout_success", "rollout success (sampled)", False), ("nonzero_advantage_groups", "groups with non-zero advantages", False)]  # fmt: skip
+
+
+def plot(results: dict, path: Path) -> None:
+    """Learning curves per arm: the mean of its seeds (thick) and each seed (thin)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (key, label, from_zero), ax in zip(PANELS, axes.flat):
+        for k, (arm, entry) in enumerate(results["arms"].items()):
+            seeds, colour = entry["seeds"], colours[k % len(colours)]
+            start = 0 if from_zero else 1
+            for s in seeds:
+                ax.plot(range(start, start + len(s[key])), s[key], color=colour, alpha=0.3, linewidth=0.8)
+            n = min(len(s[key]) for s in seeds)
+            ax.plot(range(start, start + n), [_mean([s[key][i] for s in seeds]) for i in range(n)], color=colour,
+                    linewidth=2.2, marker="o", label=f"{arm} ({len(seeds)} seed{'s' * (len(seeds) > 1)})")  # fmt: skip
+        ax.set(xlabel="round (0 = warm start)" if from_zero else "round", ylabel=label, ylim=(-0.03, 1.03))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"{results['recipe']}: mean of seeds (thick), each seed (thin)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_html(table_md: str, png: Path, path: Path) -> None:
+    """One self-contained page: the tables and the curves (the PNG inlined)."""
+    parts, rows = [], []
+    for line in table_md.splitlines() + [""]:
+        if line.startswith("|"):
+            if not line.startswith("|--"):
+                rows.append([c.strip() for c in line.strip("|").split(" | ")])
+            continue
+        if rows:
+            parts.append("<table>" + "".join("<tr>" + "".join(f"<{t}>{html.escape(c)}</{t}>" for c in row) + "</tr>"
+                                             for row, t in zip(rows, ["th"] + ["td"] * len(rows))) + "</table>")  # fmt: skip
+            rows = []
+        if line.strip():
+            parts.append(f"<p>{html.escape(line.strip('*'))}</p>")
+    image = base64.b64encode(png.read_bytes()).decode("ascii")
+    path.write_text(
+        "<!doctype html><meta charset='utf-8'><title>SEAL vs vanilla GRPO: the held-out study</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top}</style>"
+        "<h1>SEAL vs vanilla GRPO: the held-out study</h1>" + "".join(parts)
+        + f"<p><img alt='learning curves per arm' src='data:image/png;base64,{image}'></p>",
+        encoding="utf-8",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The held-out study's harness (benchmarks/bench_real_study.py, docs/real-study.md) on the tiny model:
+every arm trains and is measured on held-out and test tasks, a stopped study resumes without redoing
+finished runs, and the smoke fails when no rollout carries an advantage and passes when some do.
+The real-model study itself is ``make bench-real-study``; its smoke runs in CI (``.ci/run``)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HELD_OUT = ["multi_turn_base_118", "multi_turn_base_121"]
+
+
+def _study(path: Path) -> Path:
+    path.write_text(json.dumps({
+        "recipe": "smoke-cpu", "rounds": 2, "held_out": HELD_OUT,
+        "arms": {"vanilla-grpo": {"recipe": "vanilla-grpo", "seeds": [0]}, "seal-full": {"recipe": "seal-full", "seeds": [0]}},
+        "test": {"per_category": 1, "max_new_tokens": 8, "arms": ["vanilla-grpo", "seal-full"]},
+    }))  # fmt: skip
+    return path
+
+
+def _run(study: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_real_study.py"), "--study", str(study), "--out", str(out),
+               "--set", "budgets.max_new_tokens=8", *extra]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    design = _study(root / "study.json")
+    done = _run(design, root / "out")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return design, root / "out", done.stdout
+
+
+def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
+    _, out, stdout = study
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["arms"]) == ["vanilla-grpo", "seal-full"] and summary["held_out"] == HELD_OUT
+    for arm, entry in summary["arms"].items():
+        (seed,) = entry["seeds"]
+        assert len(seed["held_out_success"]) == len(seed["held_out_call_share"]) == 3  # round 0 (the start) + 2 rounds
+        assert len(seed["rollout_success"]) == len(seed["nonzero_advantage_groups"]) == 2
+        assert all(set(tasks) == set(HELD_OUT) for tasks in seed["held_out_tasks"])
+        assert entry["test_final"]["turns"] > 0 and entry["test_final"]["messages"] > 0
+        config = (out / arm / "seed0" / "config.yaml").read_text()
+        assert "protocol: bfcl" in config and "multi_turn_base_118" in config  # measured under bfcl, on the held-out tasks
+        results = (out / "test" / f"{arm}-seed0" / "results.jsonl").read_text().splitlines()
+        assert len(results) == 4 and all(json.loads(r)["category"] for r in results)  # one test task per category
+    interface = [s["interface"] for s in summary["arms"]["seal-full"]["seeds"]][0]
+    assert [s["interface"] for s in summary["arms"]["vanilla-grpo"]["seeds"]][0] == [[], []]  # vanilla sees no interface
+    assert interface != [[], []]  # the label-driven interface reacts to the tiny model's failures
+    assert "seal-full" in summary["arms"] and "test_vs_vanilla" in summary["arms"]["seal-full"]
+    assert "By round" in stdout and "Outcomes" in stdout
+    page = (out / "report.html").read_text()
+    assert page.count("<table>") == 2 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
+
+
+def test_a_stopped_study_resumes_without_redoing_finished_runs(study, tmp_path):
+    design, out, _ = study
+    finished = (out / "vanilla-grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
+    tested = (out / "test" / "vanilla-grpo-seed0" / "results.jsonl").stat().st_mtime_ns
+    rounds_before = (out / "seal-full" / "seed0" / "metrics.jsonl").read_text().count('"kind": "rollout"')
+    import shutil
+
+    shutil.rmtree(out / "seal-full" / "seed0" / "model")  # stopped after its last checkpoint, before the model was written
+    done = _run(design, out)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "vanilla-grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == finished
+    assert (out / "test" / "vanilla-grpo-seed0" / "results.jsonl").stat().st_mtime_ns == tested
+    assert (out / "seal-full" / "seed0" / "model" / "config.json").exists()
+    assert (out / "seal-full" / "seed0" / "metrics.jsonl").read_text().count('"kind": "rollout"') == rounds_before
+
+
+def test_the_smoke_fails_without_advantages_and_passes_with_them(study, tmp_path):
+    design, _, _ = study
+    flat = _run(design, tmp_path / "flat", "--smoke")  # the untrained tiny model earns no reward: every advantage is 0
+    assert flat.returncode == 1 and "every advantage is zero" in flat.stdout, flat.stdout[-2000:] + flat.stderr[-2000:]
+    # scripted rollouts (half the ground truth, half plain text) give every group a reward spread
+    moving = _run(design, tmp_path / "moving", "--smoke", "--set", "generator=tests.generators:oracle_or_plain")
+    assert moving.returncode == 0, moving.stdout[-2000:] + moving.stderr[-2000:]
+    assert "rollouts of" in moving.stdout and "carry a non-zero advantage" in moving.stdout
+    assert not (tmp_path / "moving" / "vanilla-grpo").exists()  # the smoke is the SEAL arm alone
