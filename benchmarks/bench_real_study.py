@@ -23,7 +23,7 @@ resumes where it stopped when the same command is run again (finished runs are k
 mid-training resumes from its newest checkpoint).
 
 Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml] [--out runs/real-study]
-       [--recipe NAME] [--set KEY=VALUE ...] [--smoke]
+       [--recipe NAME] [--set KEY=VALUE ...] [--jobs N] [--skip-test] [--smoke]
 (``make bench-real-study``; the models must be pulled: ``make models``). Prints the table and writes
 ``OUT/summary.json``, ``OUT/table.md``, ``OUT/curves.png`` and ``OUT/report.html``.
 
@@ -35,12 +35,16 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import html
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -98,21 +102,25 @@ def run_overrides(study: dict, recipe_name: str, extra: list[str]) -> list[str]:
 # -- running it (each step resumable) ------------------------------------------------------------
 
 
-def seal(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "seal_rl", *args], cwd=ROOT)
+def seal(*args: str, threads: int | None = None, log: Path | None = None) -> None:
+    """Run ``seal ARGS`` in a child process (with ``threads`` CPU threads; its output to ``log``)."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+    with open(log, "a", encoding="utf-8") if log else contextlib.nullcontext() as sink:
+        done = subprocess.run([sys.executable, "-m", "seal_rl", *args], cwd=ROOT, env=env, stdout=sink, stderr=sink)
     if done.returncode:
-        sys.exit(f"`seal {' '.join(args[:3])} …` exited {done.returncode}; run the same command again to resume.")
+        where = f" (its output: {log})" if log else ""
+        raise SystemExit(f"`seal {' '.join(args[:3])} …` exited {done.returncode}{where}; run the same command again to resume.")
 
 
-def train_run(run: Path, recipe_name: str, overrides: list[str]) -> None:
+def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | None = None, log: Path | None = None) -> None:
     if (run / "model" / "config.json").exists():
         return
     if any(run.glob("checkpoints/checkpoint-*")):
-        seal("train", "--resume", str(run))
+        seal("train", "--resume", str(run), threads=threads, log=log)
         return
     if run.exists():  # killed before its first checkpoint: nothing to keep
         shutil.rmtree(run)
-    seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)))
+    seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)), threads=threads, log=log)
 
 
 def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int) -> list[dict]:
@@ -120,7 +128,12 @@ def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: 
     seal("eval", "--policy", f"hf:{model}", "--split", "test", "--tasks", ",".join(tasks), "--protocol", "bfcl",
          "--prompt-mode", env["prompt_mode"], "--format", env["call_format"], "--max-new-tokens", str(max_new_tokens),
          "--out", str(out))  # fmt: skip
-    return [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    return test_records(out)
+
+
+def test_records(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
 
 
 # -- what a run measured -------------------------------------------------------------------------
@@ -129,6 +142,7 @@ def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: 
 def run_curves(run: Path) -> dict:
     """Per round (validation: 0 = the warm start) what the run's metrics.jsonl says."""
     validation, rollouts = read_metrics(run, "validation"), read_metrics(run, "rollout")
+    logged = [line for line in read_metrics(run, "trainer") if "grad_norm" in line]  # TRL's log of each update
     return {
         "held_out_success": [v["validation/overall"] for v in validation],
         "held_out_turn_pass": [v["validation/turn_pass_rate"] for v in validation],
@@ -139,6 +153,7 @@ def run_curves(run: Path) -> dict:
         "nonzero_advantage_groups": [1.0 - m["rollout/groups_zero_variance"] for m in rollouts],
         "rollout_labels": [m["labels/share"] for m in rollouts],
         "interface": [m["interface/active"] for m in rollouts],
+        "grad_norm": [float(line["grad_norm"]) for line in logged],  # does the reward reach the weights?
         "seconds": json.loads((run / "time.json").read_text())["time/seconds"] if (run / "time.json").exists() else {},
     }
 
@@ -180,6 +195,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="default: runs/real-study (runs/real-study-smoke with --smoke)")
     parser.add_argument("--recipe", help="train with this recipe instead of the study file's (e.g. paper-qwen2.5-7b on a GPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override for every run")
+    parser.add_argument("--jobs", type=int, default=1, help="training runs at once, each with its share of the CPU cores")
+    parser.add_argument("--skip-test", action="store_true", help="start no test evaluation; report the finished ones")
     parser.add_argument("--smoke", action="store_true", help="CI: SEAL arm, one seed, two rounds; fail without non-zero advantages")
     args = parser.parse_args()
     console = Console()
@@ -192,13 +209,16 @@ def main() -> int:
     began = time.perf_counter()
     costs = json.loads((out / "costs.json").read_text()) if (out / "costs.json").exists() else {}
 
+    writing = threading.Lock()
+
     def timed(key: str, work) -> None:
         if key in costs:
             return work()
         started = time.perf_counter()
         result = work()
-        costs[key] = round(time.perf_counter() - started, 1)
-        (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
+        with writing:
+            costs[key] = round(time.perf_counter() - started, 1)
+            (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
         return result
 
     out.mkdir(parents=True, exist_ok=True)
@@ -208,25 +228,44 @@ def main() -> int:
         console.print(f"[bold]warm start[/] -> {warm}")
         timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
     start_model = str(warm / "model") if base.warm_start.data else base.model.path
-    steps = [(arm, spec, seed) for seed in sorted({s for a in study["arms"].values() for s in a["seeds"]})
-             for arm, spec in study["arms"].items() if seed in spec["seeds"]]  # fmt: skip
+    # the arms with the most seeds (the main comparison) first, seed by seed, so that a stopped study
+    # has whole seeds of them; then the arms with fewer seeds
+    most = max(len(spec["seeds"]) for spec in study["arms"].values())
+    steps = sorted(((arm, spec, seed) for arm, spec in study["arms"].items() for seed in spec["seeds"]),
+                   key=lambda step: (len(step[1]["seeds"]) < most, step[2], list(study["arms"]).index(step[0])))  # fmt: skip
     test_results: dict[tuple[str, int | None], list[dict]] = {}
 
     def measure_on_test(arm: str, seed: int | None, model: Path) -> None:
         name = arm if seed is None else f"{arm}-seed{seed}"
+        if args.skip_test:  # only what an earlier invocation finished
+            finished = test_records(out / "test" / name)
+            if len(finished) == len(tests):
+                test_results[arm, seed] = finished
+            return
         console.print(f"[bold]{name}[/] on the {len(tests)} test tasks")
         test_results[arm, seed] = timed(f"{name}/test", lambda: test_run(
             model, out / "test" / name, tests, recipe_name, args.overrides, study["test"]["max_new_tokens"]))  # fmt: skip
 
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+
+    def train_step(k: int, arm: str, spec: dict, seed: int) -> None:
+        run = out / arm / f"seed{seed}"
+        log = out / arm / f"seed{seed}.log" if args.jobs > 1 else None
+        console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}" + (f" (output: {log})" if log else ""))
+        if log:
+            log.parent.mkdir(parents=True, exist_ok=True)
+        timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
+            *overrides, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])], threads, log))  # fmt: skip
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
+        for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:
+            finished.result()
+    # the test tasks last (the longest prompts): every arm is trained before any test episode is played
     if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
         measure_on_test("warm_start", None, Path(start_model))
-    for k, (arm, spec, seed) in enumerate(steps, 1):  # seed by seed, so that a stopped study has whole seeds
-        run = out / arm / f"seed{seed}"
-        console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}")
-        timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
-            *overrides, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])]))  # fmt: skip
+    for arm, _spec, seed in steps:
         if arm in study["test"]["arms"]:
-            measure_on_test(arm, seed, run / "model")
+            measure_on_test(arm, seed, out / arm / f"seed{seed}" / "model")
 
     results = summarize_study(study, steps, out, task_set, test_results)
     results.update(seconds=round(time.perf_counter() - began, 1), costs=costs, tests=tests, recipe=recipe_name,

@@ -33,7 +33,7 @@ def _run(study: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
     design = _study(root / "study.json")
-    done = _run(design, root / "out")
+    done = _run(design, root / "out", "--jobs", "2")  # both arms at once, a core each
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return design, root / "out", done.stdout
 
@@ -57,6 +57,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert interface != [[], []]  # the label-driven interface reacts to the tiny model's failures
     assert "seal-full" in summary["arms"] and "test_vs_vanilla" in summary["arms"]["seal-full"]
     assert "By round" in stdout and "Outcomes" in stdout
+    assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
     page = (out / "report.html").read_text()
     assert page.count("<table>") == 2 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
 
