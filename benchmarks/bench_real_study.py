@@ -144,6 +144,7 @@ def run_curves(run: Path) -> dict:
     validation, rollouts = read_metrics(run, "validation"), read_metrics(run, "rollout")
     logged = [line for line in read_metrics(run, "trainer") if "grad_norm" in line]  # TRL's log of each update
     return {
+        "held_out_rounds": [v["round"] for v in validation],
         "held_out_success": [v["validation/overall"] for v in validation],
         "held_out_turn_pass": [v["validation/turn_pass_rate"] for v in validation],
         "held_out_call_share": [v["validation/call_share"] for v in validation],
@@ -254,8 +255,9 @@ def main() -> int:
         console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}" + (f" (output: {log})" if log else ""))
         if log:
             log.parent.mkdir(parents=True, exist_ok=True)
+        at_start = f"eval.at_start={k == 1}"  # every run starts from the same model: its greedy validation is measured once
         timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
-            *overrides, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])], threads, log))  # fmt: skip
+            *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])], threads, log))  # fmt: skip
 
     with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
         for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:
@@ -306,10 +308,15 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
     warm = {}
     if ("warm_start", None) in test_results:
         warm["test"] = test_summary(test_results["warm_start", None])
-    first = next(iter(arms.values()))["seeds"][0] if arms else None
-    if first and first["held_out_success"]:  # round 0 of every run: the warm start, greedy, identical
-        warm["held_out"] = {"success": first["held_out_success"][0], "call_share": first["held_out_call_share"][0],
-                            "turn_pass_rate": first["held_out_turn_pass"][0], "labels": first["held_out_labels"][0]}  # fmt: skip
+    seeds = [seed for entry in arms.values() for seed in entry["seeds"]]
+    measured = next((seed for seed in seeds if seed["held_out_rounds"][:1] == [0]), None)
+    if measured:  # round 0: the shared start, greedy — measured by the first run, the start of every curve
+        warm["held_out"] = {"success": measured["held_out_success"][0], "call_share": measured["held_out_call_share"][0],
+                            "turn_pass_rate": measured["held_out_turn_pass"][0], "labels": measured["held_out_labels"][0]}  # fmt: skip
+        for seed in seeds:
+            if seed["held_out_rounds"][:1] != [0]:
+                for key in ("held_out_rounds", "held_out_success", "held_out_call_share", "held_out_turn_pass", "held_out_labels", "held_out_tasks"):
+                    seed[key] = [measured[key][0], *seed[key]]
     for entry in arms.values():  # records are kept in the run directories, not in the summary
         entry.pop("held_out"), entry.pop("test")
     return {"warm_start": warm, "arms": arms}

@@ -52,6 +52,10 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
         assert "protocol: bfcl" in config and "multi_turn_base_118" in config  # measured under bfcl, on the held-out tasks
         results = (out / "test" / f"{arm}-seed0" / "results.jsonl").read_text().splitlines()
         assert len(results) == 4 and all(json.loads(r)["category"] for r in results)  # one test task per category
+    validated = [[json.loads(line)["round"] for line in (out / arm / "seed0" / "metrics.jsonl").read_text().splitlines()
+                  if '"kind": "validation"' in line] for arm in summary["arms"]]  # fmt: skip
+    assert validated == [[0, 1, 2], [1, 2]]  # the shared start is measured once, by the first run
+    assert summary["warm_start"]["held_out"]["success"] == summary["arms"]["seal-full"]["seeds"][0]["held_out_success"][0]
     interface = [s["interface"] for s in summary["arms"]["seal-full"]["seeds"]][0]
     assert [s["interface"] for s in summary["arms"]["vanilla-grpo"]["seeds"]][0] == [[], []]  # vanilla sees no interface
     assert interface != [[], []]  # the label-driven interface reacts to the tiny model's failures

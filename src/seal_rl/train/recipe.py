@@ -135,7 +135,7 @@ class ValidationConfig:
     """Greedy, strict validation during training, with the interface removed (evaluation mode)."""
 
     every_rounds: int = 0
-    """validate after every N rounds, before the first round and after the last (0: never)"""
+    """validate after every N rounds, before the first round (``at_start``) and after the last (0: never)"""
     tasks: list[str] = field(default_factory=list)
     """validation task ids; empty: ``holdout`` tasks of the training split not trained on (the test
     split is used only if a recipe lists its tasks here)"""
@@ -144,6 +144,9 @@ class ValidationConfig:
     recipe trains on the whole split these tasks are removed from training"""
     keep_best: bool = False
     """save the model with the best validation success (average of category rates) to ``best/``"""
+    at_start: bool = True
+    """validate before the first round too (false: runs that share a start, as a study's arms do, can
+    measure it once)"""
     protocol: str | None = None
     """``bfcl`` | ``seal``: the protocol validation episodes are played under (None: ``env.protocol``,
     the one training uses). ``bfcl`` measures as ``seal eval`` does by default"""

@@ -279,10 +279,10 @@ def _validation_callback(loop: SealLoop, trainer: Any, updates_per_round: int, e
     from transformers import TrainerCallback
 
     class ValidationCallback(TrainerCallback):
-        """Validates before training, after every ``every_rounds`` rounds and after the last round."""
+        """Validates before training (``eval.at_start``), after every ``every_rounds`` rounds and after the last round."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if state.global_step == 0:
+            if state.global_step == 0 and loop.recipe.eval.at_start:
                 loop.validate(trainer, 0)
             return control
 
