@@ -7,6 +7,8 @@ so a new module has to be placed before this test passes.
 
 from __future__ import annotations
 
+import json
+
 from .test_layout import import_graph
 
 LAYERS: list[tuple[str, list[str]]] = [
@@ -72,3 +74,37 @@ def test_no_module_is_longer_than_600_lines():
 
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, long
+
+
+# -- start-up: commands that need no model import no model library --------------------------------
+
+HEAVY = ("torch", "transformers", "trl", "vllm", "datasets", "accelerate", "deepspeed", "peft")
+"""the libraries that cost seconds to import; only the commands that load a model may pull them in"""
+
+
+def _heavy_imports(statements: str, tmp_path) -> list[str]:
+    """The :data:`HEAVY` modules imported by a fresh interpreter that runs ``statements`` (seen at exit,
+    after the command has run, whatever it imported lazily)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (f"import atexit, sys\natexit.register(lambda: print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules)))\n"
+            + statements)  # fmt: skip
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # as `seal` re-executes itself with (seal_rl.cli.entry)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    line = [text for text in done.stdout.splitlines() if text.startswith("HEAVY=")]
+    assert line, done.stdout[-2000:] + done.stderr[-2000:]
+    return [m for m in line[-1].removeprefix("HEAVY=").split(",") if m]
+
+
+def test_help_and_an_oracle_evaluation_import_no_model_library(tmp_path):
+    """``seal --help`` and ``seal eval --policy oracle`` start without torch & co. (they once spent 1 s of
+    1.4 s importing torch through the vLLM CPU helpers); the probe itself sees torch when it is imported."""
+    run = "from seal_rl.cli import main\nsys.argv = {argv!r}\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+    assert _heavy_imports(run.format(argv=["seal", "--help"]), tmp_path) == []
+    oracle = ["seal", "eval", "--policy", "oracle", "--split", "train", "--tasks", "multi_turn_base_100", "--out", str(tmp_path / "run")]
+    assert _heavy_imports(run.format(argv=oracle), tmp_path) == []
+    assert json.loads((tmp_path / "run" / "results.jsonl").read_text())["reward"] == 1.0  # the command really ran
+    seeded = "from seal_rl.generators.vllm_cpu import seeded\nwith seeded(0):\n    pass\n"
+    assert _heavy_imports(seeded, tmp_path) == ["torch"]

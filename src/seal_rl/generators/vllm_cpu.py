@@ -29,9 +29,10 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where an engine runs, not when seal starts
+    import torch
 
 
 def in_process() -> None:
@@ -119,6 +120,8 @@ def _detached(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, 
 @contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Seed torch's global generator for one engine call on CPU; the caller's state comes back after."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
