@@ -113,8 +113,34 @@ def test_same_command_resumes_and_a_different_run_is_refused(monkeypatch, capsys
     other = ["eval", "-p", "oracle:faults=0.5", "--tasks", "multi_turn_base_0", "--out", str(tmp_path)]
     code, _, err = run_cli(monkeypatch, capsys, *other)
     assert code == 2 and "already holds a different run" in err and "--overwrite" in err
+    assert "policy: 'oracle' then, 'oracle:faults=0.5,seed=0' now" in err  # it says what differs
     assert run_cli(monkeypatch, capsys, *other, "--overwrite")[0] == 0
     assert len(read_results(tmp_path)) == 1
+
+
+def test_a_run_written_before_a_setting_existed_resumes_or_says_why_not(monkeypatch, capsys, tmp_path):
+    """An evaluation written by an older seal-rl has no record of settings added since. At their
+    defaults (what it was played under) it resumes, keeping its episodes; a recorded setting that now
+    differs, or a version change, is refused with each difference named."""
+    args = ["eval", "-p", "oracle", "--tasks", "multi_turn_base_0,multi_turn_base_1", "--out", str(tmp_path)]
+    assert run_cli(monkeypatch, capsys, *args)[0] == 0
+    config, results = tmp_path / "config.json", (tmp_path / "results.jsonl").read_text()
+    current = json.loads(config.read_text())
+    older = json.loads(config.read_text())
+    del older["env"]["max_calls_per_message"], older["env"]["observation_budget_chars"]  # settings added later
+    config.write_text(json.dumps(older))
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0 and "2 of 2 episodes already done" in err
+    assert "written before env.max_calls_per_message, env.observation_budget_chars existed" in " ".join(err.split())
+    assert (tmp_path / "results.jsonl").read_text() == results and json.loads(config.read_text()) == current
+    older["env"]["max_model_calls"] = 7
+    older["versions"]["seal_rl"] = "0.0.1"
+    config.write_text(json.dumps(older))
+    code, _, err = run_cli(monkeypatch, capsys, *args)
+    err = " ".join(err.split())
+    assert code == 2 and "cannot be resumed" in err and "env.max_model_calls: 7 then, 20 now" in err
+    assert "versions.seal_rl: '0.0.1' then" in err and "--overwrite" in err
+    assert (tmp_path / "results.jsonl").read_text() == results
 
 
 def test_tasks_list_and_show(monkeypatch, capsys):

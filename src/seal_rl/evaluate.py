@@ -27,7 +27,7 @@ import json
 import platform
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,15 @@ class ModelSettings:
             raise SealError(f"--max-thinking-tokens must be >= 0 (0: no cap), got {self.max_thinking_tokens}.")
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(cls)
+            if f.default is not MISSING or f.default_factory is not MISSING}  # fmt: skip
+
+
+_DEFAULTS = {"env": _defaults(EnvConfig), "model_settings": _defaults(ModelSettings)}
+"""the settings a ``config.json`` records, by section, at their defaults (see :func:`config_differences`)"""
+
+
 def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfig, episodes: Sequence[Episode]):
     """The generator that plays ``policy``, its chat tokenizer (token-level policies) and budgets."""
     if isinstance(policy, SCRIPTED):
@@ -228,6 +237,38 @@ def _read_complete_lines(path: Path) -> list[dict[str, Any]]:
     return lines.values
 
 
+@dataclass(frozen=True)
+class ConfigDifference:
+    path: str
+    """dotted key in ``config.json``"""
+    text: str
+    added_default: bool
+    """a setting the earlier run's config does not record, now at its default: added to seal-rl after
+    that run was written, whose episodes were therefore played as the default plays them"""
+
+
+_NO_DEFAULT = object()
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], path: str = "") -> list[ConfigDifference]:
+    """What differs between an earlier run's ``config.json`` and this run's, key by key."""
+    found = []
+    for key in sorted(set(old) | set(new), key=str):
+        where = f"{path}.{key}" if path else str(key)
+        if key not in old:
+            default = _DEFAULTS.get(path, {}).get(key, _NO_DEFAULT)
+            found.append(ConfigDifference(where, f"{where} not recorded then, {new[key]!r} now", new[key] == default))
+        elif key not in new:
+            found.append(ConfigDifference(where, f"{where} was {old[key]!r}, no longer a setting", False))
+        elif isinstance(old[key], dict) and isinstance(new[key], dict):
+            found += config_differences(old[key], new[key], where)
+        elif old[key] != new[key]:
+            shown = (f"{len(old[key])} then, {len(new[key])} now, not the same" if isinstance(old[key], list)
+                     and isinstance(new[key], list) and len(str(new[key])) > 120 else f"{old[key]!r} then, {new[key]!r} now")  # fmt: skip
+            found.append(ConfigDifference(where, f"{where}: {shown}", False))
+    return found
+
+
 def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[str, Any]]:
     """Records already in ``out`` from the same run (resume), or [] after preparing a fresh run."""
     if out.exists() and not out.is_dir():
@@ -239,10 +280,16 @@ def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[
         except (OSError, ValueError):
             previous = None
         if previous != config:
-            raise SealError(
-                f"{out} already holds a different run (policy, settings, tasks or versions differ); "
-                "choose another --out or pass --overwrite."
-            )
+            differences = config_differences(previous or {}, config)
+            added = [d for d in differences if d.added_default]
+            if previous is None or len(added) < len(differences):
+                what = "no readable config.json" if previous is None else "; ".join(d.text for d in differences[:6])
+                more = f" (and {len(differences) - 6} more)" if len(differences) > 6 else ""
+                raise SealError(f"{out} already holds a different run ({what}{more}), so it cannot be resumed; "
+                                "choose another --out or pass --overwrite.")  # fmt: skip
+            warnings.warn(f"{out} was written before {', '.join(d.path for d in added)} existed; resuming it with "
+                          "the default, which is how its episodes were played.", SealWarning, stacklevel=3)  # fmt: skip
+            (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         return _read_complete_lines(results)
     try:
         out.mkdir(parents=True, exist_ok=True)
