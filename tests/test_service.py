@@ -199,6 +199,8 @@ def test_hostile_messages_get_observations_not_errors(client, task_set):
         ("POST", "/episodes", {"task_id": "multi_turn_base_9999"}, 404, "Unknown task id"),
         ("POST", "/episodes", {"task_id": "multi_turn_base_0", "call_format": "pythonic"}, 422, "prompt_mode='chat_template'"),
         ("POST", "/episodes", {"task_id": "multi_turn_base_0", "max_model_calls": 10_000}, 422, "at most 200"),
+        ("POST", "/episodes", {"task_id": "multi_turn_base_0", "max_result_chars": 10**7}, 422, "max_result_chars may be at most 1000000"),
+        ("POST", "/episodes", {"task_id": "multi_turn_base_0", "max_message_chars": 0}, 422, "greater than or equal to 1"),
         ("POST", "/episodes", {"task_id": "multi_turn_base_0", "interface": {"guidelines": ["nope"]}}, 422, ""),
         ("POST", "/episodes", {"task_id": "multi_turn_base_0", "colour": "red"}, 422, ""),
         ("POST", "/episodes/unknown-episode-id/step", {"message": "hi"}, 404, "create one with POST /episodes"),
@@ -211,6 +213,61 @@ def test_bad_requests_get_4xx_with_a_message(server, method, path, body, status,
     response = httpx.request(method, server.url + path, json=body)
     assert response.status_code == status
     assert message in json.dumps(response.json()["detail"])
+
+
+def test_per_episode_caps_are_set_per_request_within_the_service_limits(task_set):
+    """Model message size, tool output and steps are the requester's choice, up to the server's limits."""
+    with Server(task_set, workers=1, max_result_chars_limit=500, max_model_calls_limit=5) as server, Client(server.url, retries=0) as client:
+        small = client.create("multi_turn_base_0", max_message_chars=80, max_result_chars=30, max_model_calls=3)
+        long_message = client.step(small["episode_id"], "<tool_call>" + " " * 80 + "</tool_call>", step=0)
+        assert long_message["info"]["event"] == "rejected" and "exceeds the limit of 80" in json.dumps(long_message["observation"])
+        listing = client.step(small["episode_id"], '<tool_call>{"name": "ls", "arguments": {"a": true}}</tool_call>', step=1)
+        record = client.evaluate(small["episode_id"], include_record=True)["record"]
+        (ls,) = [entry for entry in record["trace"] if entry["name"] == "ls"]
+        assert listing["info"]["event"] == "tool_results" and ls["truncated"] > 0 and ls["result"] in listing["observation"][0]["content"]
+        default = client.create("multi_turn_base_0")  # a default (20 model calls) above a limit is lowered to it
+        for k in range(20):
+            reply = client.step(default["episode_id"], '<tool_call>{"name": "ls", "arguments": {}}</tool_call>', step=k)
+            if reply["terminated"] or reply["truncated"]:
+                break
+        assert k + 1 == 5 and reply["truncated"]  # after the service's 5 model calls, not the default 20
+        for cap, value, limit in (("max_result_chars", 501, 500), ("max_model_calls", 6, 5)):
+            with pytest.raises(ServiceError, match=f"{cap} may be at most {limit} on this service") as refused:
+                client.create("multi_turn_base_0", **{cap: value})
+            assert refused.value.status == 422
+
+
+def _answer_to_a_slow_body(address, body: bytes, declared: int, pause: float) -> tuple[bytes, float]:
+    """Send a POST whose body arrives a few bytes at a time; what the service answered and when."""
+    conn = socket.create_connection(address)
+    conn.sendall(f"POST /episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode())
+    started = time.monotonic()
+    conn.settimeout(10)
+    try:
+        for k in range(0, len(body), 4):
+            conn.sendall(body[k : k + 4])
+            time.sleep(pause)
+    except OSError:  # closed by the service mid-body
+        pass
+    answer = b""
+    while chunk := conn.recv(4096):  # the service closes the connection after a refusal
+        answer += chunk
+        if answer.startswith(b"HTTP/1.1 201") and answer.endswith(b"}"):
+            break
+    conn.close()
+    return answer, time.monotonic() - started
+
+
+def test_a_slow_or_trickling_request_body_is_timed_out(task_set):
+    body = json.dumps({"task_id": "multi_turn_base_0"}).encode()
+    with Server(task_set, workers=1, body_timeout=0.5) as server:
+        address = server.socket.getsockname()
+        stalled, waited = _answer_to_a_slow_body(address, body[:10], len(body), 0.0)  # declares more than it sends
+        assert stalled.startswith(b"HTTP/1.1 408") and b"body_timeout" in stalled and waited < 5
+        trickled, waited = _answer_to_a_slow_body(address, body, len(body), 0.1)  # every byte in time, the whole too slow
+        assert trickled.startswith(b"HTTP/1.1 408") and waited < 5
+        quick, _ = _answer_to_a_slow_body(address, body, len(body), 0.0)
+        assert quick.startswith(b"HTTP/1.1 201")
 
 
 def test_a_released_episode_answers_410_with_what_happened(client):

@@ -27,7 +27,7 @@ from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.interface import InterfaceState
 from seal_rl.service.schemas import (
-    EPISODE_ID, Category, EpisodeCreate, EpisodePublic, Evaluation, EvaluateRequest, Health, Problem, Released, Split,
+    EPISODE_CAPS, EPISODE_ID, Category, EpisodeCreate, EpisodePublic, Evaluation, EvaluateRequest, Health, Problem, Released, Split,
     StepRequest, StepResponse, TaskList, TaskPublic,
 )  # fmt: skip
 from seal_rl.service.settings import ServiceSettings
@@ -87,42 +87,60 @@ def _finite(value: Any) -> Any:
     return value
 
 
-class _BodyTooLarge(Exception):
+# BaseException, not Exception: FastAPI reads the body inside ``except Exception`` and would answer 400
+class _BodyTooLarge(BaseException):
+    pass
+
+
+class _BodyTooSlow(BaseException):
     pass
 
 
 class BodyLimit:
-    """ASGI middleware: request bodies over ``limit`` bytes answer 413 (declared or streamed)."""
+    """ASGI middleware: request bodies over ``limit`` bytes answer 413 (declared or streamed); a body
+    that has not arrived in full ``timeout`` seconds after it is first read answers 408."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, timeout: float = 30.0) -> None:
+        self.app, self.limit, self.timeout = app, limit, timeout
+        self._too_large = f"Request body larger than {limit} bytes (the service's max_request_bytes)."
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
-        seen = 0
+            return await self._refuse(send, 413, self._too_large)
+        seen, deadline, complete = 0, None, False
 
         async def counted():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, complete
+            if complete:  # the body is in; what comes next (a disconnect) may take any time
+                return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + self.timeout
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise _BodyTooSlow from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
                     raise _BodyTooLarge
+                complete = not message.get("more_body", False)
             return message
 
         try:
             await self.app(scope, counted, send)
         except _BodyTooLarge:
-            await self._refuse(send)
+            await self._refuse(send, 413, self._too_large)
+        except _BodyTooSlow:
+            await self._refuse(send, 408, f"Request body not received within {self.timeout:g} s (the service's body_timeout).")
 
-    async def _refuse(self, send) -> None:
-        body = json.dumps({"detail": f"Request body larger than {self.limit} bytes (the service's max_request_bytes)."}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    async def _refuse(self, send, status_code: int, detail: str) -> None:
+        body = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status_code,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})  # fmt: skip
         await send({"type": "http.response.body", "body": body})
 
 
@@ -155,7 +173,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         generate_unique_id_function=lambda route: route.name, default_response_class=EscapingJSONResponse,
     )  # fmt: skip
     app.state.pool, app.state.settings = pool, settings
-    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes, timeout=settings.body_timeout)
 
     @app.exception_handler(EpisodeError)
     async def episode_error(request: Request, exc: EpisodeError) -> JSONResponse:
@@ -201,11 +219,15 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         """Open an episode: the first observation and the tool specs."""
         if body.task_id not in tasks:
             raise EpisodeError("not_found", f"Unknown task id {body.task_id!r}; GET /tasks lists them.")
-        if body.max_model_calls > settings.max_model_calls_limit:
-            raise EpisodeError("invalid", f"max_model_calls may be at most {settings.max_model_calls_limit} on this service.")
+        caps = {}
+        for cap in EPISODE_CAPS:  # each per-episode cap within this service's limit on it; a default above it is lowered
+            limit, asked = getattr(settings, f"{cap}_limit"), getattr(body, cap)
+            if asked > limit and cap in body.model_fields_set:
+                raise EpisodeError("invalid", f"{cap} may be at most {limit} on this service (its {cap}_limit); asked for {asked}.")
+            caps[cap] = min(asked, limit)
         state = (InterfaceState.initial(body.interface).to_json() if isinstance(body.interface, str)
                  else body.interface.model_dump())  # fmt: skip
-        spec = {**body.model_dump(exclude={"episode_id"}), "interface": state}
+        spec = {**body.model_dump(exclude={"episode_id"}), **caps, "interface": state}
         return _answer(EpisodePublic, await pool.create(body.episode_id or secrets.token_urlsafe(16), spec), 201)
 
     @episodes.post("/{episode_id}/step", response_model=StepResponse, responses=_problems(404, 409, 410))

@@ -27,6 +27,7 @@ import httpx
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.interface import InterfaceState
+from seal_rl.service.schemas import EPISODE_CAPS
 from seal_rl.tasks import Task
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
@@ -268,8 +269,8 @@ class RemoteEnv:
         self.close()
         opened = self.client.create(
             task if isinstance(task, str) else task.id, protocol=self.config.protocol, call_format=self.config.call_format,
-            prompt_mode=self.config.prompt_mode, max_steps_per_turn=self.config.max_steps_per_turn, interface=self.interface, mode="train" if self.training else "eval",
-            max_model_calls=self.config.max_model_calls, max_message_chars=self.config.max_message_chars,
+            prompt_mode=self.config.prompt_mode, interface=self.interface, mode="train" if self.training else "eval",
+            **{cap: getattr(self.config, cap) for cap in EPISODE_CAPS},
         )  # fmt: skip
         self.episode_id, self.tools = opened["episode_id"], opened["tools"]
         self.messages: list[dict[str, Any]] = list(opened["observation"])

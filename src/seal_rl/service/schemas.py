@@ -69,6 +69,11 @@ class InterfaceStateModel(BaseModel):
     round: int = Field(0, ge=0)
 
 
+EPISODE_CAPS = ("max_model_calls", "max_steps_per_turn", "max_message_chars", "max_calls_per_message", "max_result_chars",
+                "observation_budget_chars")  # fmt: skip
+"""the caps an episode request may set, each up to the service's ``<cap>_limit``"""
+
+
 class EpisodeCreate(BaseModel):
     """Open an episode of a BFCL multi-turn task."""
 
@@ -91,8 +96,11 @@ class EpisodeCreate(BaseModel):
         "eval", description="eval renders the base interface whatever the state (strict protocol); train shows Ω"
     )
     max_model_calls: int = Field(20, ge=1, description="seal protocol: model messages before the episode is truncated (reference: 20)")
-    max_steps_per_turn: int = Field(20, ge=1, le=200, description="bfcl protocol: executing steps per user turn before force-termination")
-    max_message_chars: int = Field(100_000, ge=1, le=1_000_000, description="longer messages are rejected unparsed")
+    max_steps_per_turn: int = Field(20, ge=1, description="bfcl protocol: executing steps per user turn before force-termination")
+    max_message_chars: int = Field(100_000, ge=1, description="longer messages are rejected unparsed")
+    max_calls_per_message: int = Field(64, ge=1, description="a message with more calls is rejected whole")
+    max_result_chars: int = Field(50_000, ge=1, description="a tool output longer than this is cut, saying how much was cut")
+    observation_budget_chars: int = Field(1_000_000, ge=1, description="tool output per episode; the episode ends when it runs out")
 
 
 class ChatMessage(BaseModel):

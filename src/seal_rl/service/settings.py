@@ -45,6 +45,19 @@ class ServiceSettings(BaseSettings):
     """larger request bodies answer 413"""
     max_model_calls_limit: int = Field(200, ge=1)
     """the largest ``max_model_calls`` an episode may ask for"""
+    max_steps_per_turn_limit: int = Field(200, ge=1)
+    """the largest ``max_steps_per_turn`` an episode may ask for"""
+    max_message_chars_limit: int = Field(1_000_000, ge=1)
+    """the largest ``max_message_chars`` (model message size) an episode may ask for"""
+    max_calls_per_message_limit: int = Field(256, ge=1)
+    """the largest ``max_calls_per_message`` an episode may ask for"""
+    max_result_chars_limit: int = Field(1_000_000, ge=1)
+    """the largest ``max_result_chars`` (one tool output) an episode may ask for"""
+    observation_budget_chars_limit: int = Field(10_000_000, ge=1)
+    """the largest ``observation_budget_chars`` (tool output per episode) an episode may ask for"""
+    body_timeout: float = Field(30.0, gt=0)
+    """seconds a request body may take to arrive in full, from its first byte read; a slower or
+    trickling body answers 408 (``header_timeout`` bounds the headers)"""
     respawn_backoff: float = Field(0.5, gt=0)
     """seconds before a worker that failed to start is tried again; doubles with each failure in a row"""
     respawn_backoff_max: float = Field(30.0, gt=0)

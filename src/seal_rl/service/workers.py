@@ -36,6 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.service.schemas import EPISODE_CAPS
 
 GONE_MEMORY = 100_000
 """how many ended episodes are remembered for the 410 message"""
@@ -114,8 +115,7 @@ class _Episodes:
             return live.opening
         try:
             config = EnvConfig(protocol=spec["protocol"], call_format=spec["call_format"], prompt_mode=spec["prompt_mode"],
-                               max_model_calls=spec["max_model_calls"], max_steps_per_turn=spec["max_steps_per_turn"],
-                               max_message_chars=spec["max_message_chars"])  # fmt: skip
+                               **{cap: spec[cap] for cap in EPISODE_CAPS})  # fmt: skip
             state = InterfaceState.from_json(spec["interface"])
             interface = Interface(config.prompt_mode, state, call_format=config.call_format,
                                   training=spec["mode"] == "train", catalog=self.catalog, protocol=config.protocol)  # fmt: skip
