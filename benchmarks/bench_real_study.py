@@ -212,7 +212,7 @@ def main() -> int:
 
     writing = threading.Lock()
 
-    def timed(key: str, work) -> None:
+    def timed(key: str, work):
         if key in costs:
             return work()
         started = time.perf_counter()
