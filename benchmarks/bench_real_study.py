@@ -249,7 +249,18 @@ def main() -> int:
 
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
 
+    failed = threading.Event()  # a failed run stops the study: no queued run starts after it
+
     def train_step(k: int, arm: str, spec: dict, seed: int) -> None:
+        if failed.is_set():
+            return
+        try:
+            _train_step(k, arm, spec, seed)
+        except BaseException:
+            failed.set()
+            raise
+
+    def _train_step(k: int, arm: str, spec: dict, seed: int) -> None:
         run = out / arm / f"seed{seed}"
         log = out / arm / f"seed{seed}.log" if args.jobs > 1 else None
         console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}" + (f" (output: {log})" if log else ""))

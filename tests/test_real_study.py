@@ -91,3 +91,18 @@ def test_the_smoke_fails_without_advantages_and_passes_with_them(study, tmp_path
     assert moving.returncode == 0, moving.stdout[-2000:] + moving.stderr[-2000:]
     assert "rollouts of" in moving.stdout and "carry a non-zero advantage" in moving.stdout
     assert not (tmp_path / "moving" / "vanilla-grpo").exists()  # the smoke is the SEAL arm alone
+
+
+def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("interface: {preset: nonsense}\n")
+    design = tmp_path / "study.json"
+    design.write_text(json.dumps({
+        "recipe": "smoke-cpu", "rounds": 1, "held_out": HELD_OUT[:1],
+        "arms": {"broken": {"recipe": str(broken), "seeds": [0]}, "vanilla-grpo": {"recipe": "vanilla-grpo", "seeds": [0]}},
+        "test": {"per_category": 1, "max_new_tokens": 8, "arms": []},
+    }))  # fmt: skip
+    done = _run(design, tmp_path / "out")
+    assert done.returncode != 0 and "`seal train --config smoke-cpu …` exited 2" in done.stderr + done.stdout
+    assert "Unknown interface preset" in done.stderr + done.stdout
+    assert not (tmp_path / "out" / "vanilla-grpo").exists()  # the queued run never started
