@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import platform
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
@@ -84,14 +85,14 @@ def episode_counts(record: dict[str, Any]) -> dict[str, Any]:
 def turn_measures(counts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Pooled :func:`episode_counts`: the turn pass rate (passed / ground-truth turns), the share of
     model messages that were accepted calls, and the label counts of the turns that did not pass."""
-    turns = passed = messages = calls = 0
-    labels: dict[str, int] = {}
+    totals: Counter[str] = Counter()
+    labels: Counter[str] = Counter()
     for c in counts:
-        turns, passed, messages, calls = turns + c["turns"], passed + c["passed"], messages + c["messages"], calls + c["calls"]
-        for label in c["labels"]:
-            labels[label] = labels.get(label, 0) + 1
-    return {"turn_pass_rate": passed / turns if turns else 0.0, "call_share": calls / messages if messages else 0.0,
-            "turns": turns, "messages": messages, "labels": dict(sorted(labels.items(), key=lambda kv: -kv[1]))}  # fmt: skip
+        totals.update({key: c[key] for key in ("turns", "passed", "messages", "calls")})
+        labels.update(c["labels"])
+    turns, messages = totals["turns"], totals["messages"]
+    return {"turn_pass_rate": totals["passed"] / turns if turns else 0.0, "call_share": totals["calls"] / messages if messages else 0.0,
+            "turns": turns, "messages": messages, "labels": dict(labels.most_common())}  # fmt: skip
 
 
 def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
