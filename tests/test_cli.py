@@ -306,3 +306,16 @@ def test_diagnose_reads_a_training_run_by_round(monkeypatch, capsys, tmp_path):
     assert json.loads(out)["episodes"] == 4 and set(json.loads(out)["labels"]) - {"pass"}
     code, _, err = run_cli(monkeypatch, capsys, "diagnose", str(run), "--round", "9")
     assert code == 2 and "has no round 9" in err and "seal eval" not in err
+
+
+def test_serve_openenv_without_openenv_says_where_it_lives(monkeypatch, capsys):
+    """The main environment has no openenv (its venv is .venv-openenv): one line that says how to get
+    it, exit 2 (a usage error, as every SealError), no traceback."""
+    import importlib.util
+
+    if importlib.util.find_spec("openenv") is not None:
+        pytest.skip("openenv is installed here (.venv-openenv): tests/test_integration_openenv.py serves it")
+    code, _, err = run_cli(monkeypatch, capsys, "serve-openenv", "--port", "8")
+    assert code == 2 and "make install-openenv" in err and "Traceback" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "serve-openenv", "--max-sessions", "0")
+    assert code == 2 and "--max-sessions" in err

@@ -50,7 +50,7 @@ def test_the_ood_recipe_matches_the_pinned_bfcl():
         assert variable in source, variable
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/evaluation.md", "docs/training.md", "docs/service.md", "docs/planning.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/evaluation.md", "docs/training.md", "docs/service.md", "docs/planning.md", "docs/integrations.md"])
 def test_documented_seal_options_exist(doc):
     from typer.main import get_command
 

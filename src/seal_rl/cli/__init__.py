@@ -53,6 +53,7 @@ app.command("plan")(training.plan_command)
 app.command("sft")(training.sft_command)
 app.command("diagnose")(evaluation.diagnose_command)
 app.command("serve")(serve.serve_command)
+app.command("serve-openenv")(serve.serve_openenv_command)
 
 
 def entry() -> None:

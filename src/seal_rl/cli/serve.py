@@ -44,3 +44,30 @@ def serve_command(
     ensure_descriptors(settings)
     err.print(f"seal serve: {settings.workers} workers on http://{settings.host}:{settings.port} (API docs at /docs)")
     serve(settings)
+
+
+def serve_openenv_command(
+    host: Annotated[str, typer.Option(help="Address to bind (OpenEnv has no auth: keep it local or behind a proxy).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (OpenEnv's default 8000).")] = 8000,
+    max_sessions: Annotated[int, typer.Option(help="WebSocket sessions (episodes) at once.")] = 64,
+) -> None:
+    """Serve the environment as an OpenEnv environment: reset/step/state over OpenEnv's HTTP and
+    WebSocket API, verdict and diagnosis in the final observation (docs/integrations.md)."""
+    import socket
+
+    if max_sessions < 1:
+        raise SealError(f"--max-sessions must be at least 1, got {max_sessions}.")
+    try:
+        import uvicorn
+
+        from seal_rl.integrations.openenv import create_bfcl_app
+    except ImportError as exc:
+        raise SealError(f"OpenEnv is not installed here ({exc}): `make install-openenv` builds .venv-openenv "
+                        "(openenv cannot share the main environment's lock); run .venv-openenv/bin/seal serve-openenv.") from None  # fmt: skip
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SealError(f"Cannot listen on {host}:{port} ({exc.strerror}); choose another --port.") from None
+    err.print(f"seal serve-openenv: OpenEnv environment seal_bfcl on http://{host}:{port} (/reset, /step, /state, /schema, /ws)")
+    uvicorn.run(create_bfcl_app(max_sessions), host=host, port=port, log_level="warning")
