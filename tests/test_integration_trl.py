@@ -93,6 +93,7 @@ def test_samples_are_the_episode_token_exact_and_fields_reach_the_reward_functio
     trainer = SimpleNamespace(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), processing_class=tokenizer,
                               accelerator=accelerator, use_vllm=False, args=SimpleNamespace(temperature=1.0, top_p=1.0),
                               state=SimpleNamespace(global_step=0))  # fmt: skip
+    trainer.model.train()  # as TRL's training loop has it
     rollout = BfclRollout("vanilla-grpo", overrides=["budgets.max_new_tokens=16"], out=tmp_path)
     tasks = [TASKS[0], TASKS[0], "multi_turn_base_105"]
     output = rollout([[{"role": "user", "content": t}] for t in tasks], trainer)
@@ -110,6 +111,14 @@ def test_samples_are_the_episode_token_exact_and_fields_reach_the_reward_functio
     assert bfcl_reward([], [], seal_reward=output["seal_reward"]) == [r["reward"] for r in rows]
     shares = turn_pass_reward([], [], turn_labels=output["turn_labels"])
     assert shares == [sum(z == "pass" for z in r["labels"]) / len(r["labels"]) for r in rows]
+
+    # TRL's evaluation (model in eval mode): the same fields, the interface removed, the loop unmoved
+    state = rollout.loop.state.to_json()
+    trainer.model.eval()
+    evaluated = rollout([[{"role": "user", "content": t}] for t in tasks], trainer)
+    assert {key: len(value) for key, value in evaluated.items()} == {key: 3 for key in output}
+    assert rollout.loop.state.to_json() == state and len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 3
+    trainer.model.train()
 
     with pytest.raises(SealError, match="bfcl_dataset"):
         rollout([[{"role": "user", "content": "What is 2+2?"}]], trainer)

@@ -37,15 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from seal_rl import jsonl
-from seal_rl.env import EnvConfig
+from seal_rl.diagnose import add_diagnosis
+from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.families import resolve_auto
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
+from seal_rl.rollout import derived_seed, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, _gather, round_metrics, round_summary
 from seal_rl.train.recipe import SealRecipe, load_recipe
 from seal_rl.train.run_dir import METRICS_FILE
+from seal_rl.train.samples import trl_sample
 
 
 def bfcl_dataset(split: str = "train", categories: Sequence[str] | None = None, tasks: Sequence[str] | None = None) -> Any:
@@ -105,16 +108,40 @@ class BfclRollout:
         return self.loop.recipe
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        """Play one episode per prompt (TRL has already repeated each task ``num_generations`` times)."""
+        """Play one episode per prompt (TRL has already repeated each task ``num_generations`` times).
+
+        During TRL's evaluation (``eval_dataset``; the model is in eval mode) the episodes are played
+        under the recipe's evaluation settings — the interface removed, ``eval.protocol`` — and the
+        closed loop does not move: C_t, ρ(z) and Ω are the training rounds' alone."""
         self._check(prompts)
         self.loop.is_main = trainer.accelerator.is_main_process
         self._resolve_auto(trainer.processing_class)
+        if not trainer.model.training:
+            return self._evaluate(prompts, trainer)
         output = self.loop.rollout(prompts, trainer)
         records = self.loop._round_rollouts
         output["turn_labels"] = [[t["label"] for t in r["diagnosis"]["labels"]] for r in records]
         output["task_id"] = [r["task_id"] for r in records]
         self._log(trainer, records, output["apatch_weight"])
         return output
+
+    def _evaluate(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        loop = self.loop
+        chat = loop.chat(trainer)
+        episodes = [(i, loop.task_set.get(p[-1]["content"]), {}) for i, p in enumerate(prompts)]
+        rollouts = run_episodes(
+            episodes, self._generator(trainer), lambda: BfclEnv(loop.validation_config, catalog=loop.catalog),
+            chat=chat.for_inference(), budgets=loop.budgets, concurrency=loop.recipe.concurrency,
+            seed=derived_seed(loop.recipe.grpo.seed, "eval", trainer.state.global_step),
+        )  # fmt: skip
+        samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids))} for r in rollouts]
+        for r in rollouts:
+            add_diagnosis(r.record, loop.recipe.diagnosis.priority)
+        labels = [[t["label"] for t in r.record["diagnosis"]["labels"]] for r in rollouts]
+        return {"prompt_ids": [s["prompt_ids"] for s in samples], "completion_ids": [s["completion_ids"] for s in samples],
+                "logprobs": [s["logprobs"] for s in samples], "env_mask": [s["env_mask"] for s in samples],
+                "seal_reward": [s["reward"] for s in samples], "turn_labels": labels, "apatch_weight": [1.0] * len(samples),
+                "task_id": [r.record["task_id"] for r in rollouts]}  # fmt: skip
 
     def _check(self, prompts: list[Any]) -> None:
         for prompt in prompts:
@@ -131,6 +158,7 @@ class BfclRollout:
         if picked:
             self.loop.recipe.env = env
             self.loop.env_config = EnvConfig(**env)
+            self.loop.validation_config = EnvConfig(**{**env, "protocol": self.loop.recipe.eval.protocol or env["protocol"]})
             if self.loop.is_main:
                 CONSOLE.print(picked, markup=False, highlight=False)
 
