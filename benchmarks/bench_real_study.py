@@ -283,7 +283,8 @@ def main() -> int:
             log.parent.mkdir(parents=True, exist_ok=True)
         at_start = f"eval.at_start={k == 1}"  # every run starts from the same model: its greedy validation is measured once
         timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
-            *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"])], threads, log))  # fmt: skip
+            *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"]),
+            *spec.get("set", [])], threads, log))  # fmt: skip
 
     with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
         for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:

@@ -17,7 +17,8 @@ HELD_OUT = ["multi_turn_base_118", "multi_turn_base_121"]
 def _study(path: Path) -> Path:
     path.write_text(json.dumps({
         "recipe": "smoke-cpu", "rounds": 2, "held_out": HELD_OUT,
-        "arms": {"vanilla-grpo": {"recipe": "vanilla-grpo", "seeds": [0]}, "seal-full": {"recipe": "seal-full", "seeds": [0]}},
+        "arms": {"vanilla-grpo": {"recipe": "vanilla-grpo", "seeds": [0]},
+                 "seal-full": {"recipe": "seal-full", "seeds": [0], "set": ["interface.min_count=3"]}},
         "test": {"per_category": 1, "max_new_tokens": 8, "arms": ["vanilla-grpo", "seal-full"]},
     }))  # fmt: skip
     return path
@@ -50,6 +51,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
         assert entry["test_final"]["turns"] > 0 and entry["test_final"]["messages"] > 0
         config = (out / arm / "seed0" / "config.yaml").read_text()
         assert "protocol: bfcl" in config and "multi_turn_base_118" in config  # measured under bfcl, on the held-out tasks
+        assert ("min_count: 3" in config) == (arm == "seal-full")  # an arm's own `set` reaches its runs, and only them
         results = (out / "test" / f"{arm}-seed0" / "results.jsonl").read_text().splitlines()
         assert len(results) == 4 and all(json.loads(r)["category"] for r in results)  # one test task per category
     validated = [[json.loads(line)["round"] for line in (out / arm / "seed0" / "metrics.jsonl").read_text().splitlines()

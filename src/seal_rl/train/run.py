@@ -193,6 +193,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
             )
         save_model(trainer, out / "model")
+        if distributed.num_processes > 1 and torch.distributed.is_initialized():
+            # Leave the process group before exiting: gloo's threads still joinable at interpreter exit
+            # abort a rank now and then ("terminate called without an active exception", seen under load).
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
         return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
                 "apatch_hook_calls": loop.apatch_hook_calls,
                 "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
