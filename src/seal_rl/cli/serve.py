@@ -70,4 +70,7 @@ def serve_openenv_command(
     except OSError as exc:
         raise SealError(f"Cannot listen on {host}:{port} ({exc.strerror}); choose another --port.") from None
     err.print(f"seal serve-openenv: OpenEnv environment seal_bfcl on http://{host}:{port} (/reset, /step, /state, /schema, /ws)")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: OpenEnv's server has no authentication; anyone who reaches {host}:{port} can play episodes "
+                  "(`seal serve` has a bearer token).")  # fmt: skip
     uvicorn.run(create_bfcl_app(max_sessions), host=host, port=port, log_level="warning")
