@@ -252,10 +252,11 @@ def main() -> int:
 
     def measure_on_test(arm: str, seed: int | None, model: Path) -> None:
         name = arm if seed is None else f"{arm}-seed{seed}"
-        if args.skip_test:  # only what an earlier invocation finished
-            finished = test_records(out / "test" / name)
-            if len(finished) == len(tests):
-                test_results[arm, seed] = finished
+        finished = test_records(out / "test" / name)
+        if len(finished) == len(tests):  # an earlier invocation finished it: no engine to start
+            test_results[arm, seed] = finished
+            return
+        if args.skip_test:
             return
         console.print(f"[bold]{name}[/] on the {len(tests)} test tasks")
         test_results[arm, seed] = timed(f"{name}/test", lambda: test_run(
