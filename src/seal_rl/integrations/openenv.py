@@ -11,8 +11,9 @@ environment, the app, and the client, following OpenEnv's own layout (``openenv 
   ``diagnosis`` Ψ of every user turn (label and evidence), ``done`` and ``end_reason``.
 * :class:`BfclEnvironment` — the server side: ``reset(task_id=..., protocol=..., prompt_mode=...,
   call_format=..., interface=...)`` opens an episode of :class:`seal_rl.env.BfclEnv`, ``step`` plays
-  a message, ``state`` says where the episode is. A message the environment cannot take (not a
-  string, too long, after the end) gets an observation with ``event: error`` and the reason, never a
+  a message, ``state`` says where the episode is. A message is played as the protocol says (an
+  unreadable or over-long one is rejected or ends the turn, as in ``seal eval``); a step before
+  ``reset`` or after the end gets an observation with ``event: error`` and the reason, never a
   server error.
 * :func:`create_bfcl_app` — OpenEnv's FastAPI app (``/reset``, ``/step``, ``/state``, ``/schema``,
   ``/ws``); ``seal serve-openenv`` runs it.
@@ -24,7 +25,7 @@ environment, the app, and the client, following OpenEnv's own layout (``openenv 
         result = env.reset(task_id="multi_turn_base_0", protocol="bfcl")
         result = env.step(BfclAction(message="<tool_call>...</tool_call>"))
 
-docs/integrations.md has the TRL recipe (``rollout_func`` over this client) and what each protocol means.
+docs/integrations.md says what each protocol means and how to train on it with TRL.
 """
 
 from __future__ import annotations
