@@ -82,6 +82,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
             model_path = _prepare_model(recipe, out, task_set)
+            if is_main and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+                for lock in clear_stale_build_locks():
+                    _say(f"removed {lock}: an interrupted DeepSpeed build left it, and the next build would wait on it forever")
         recipe.env, picked = resolve_auto(recipe.env, AutoTokenizer.from_pretrained(model_path))
         if is_main and picked:
             _say(picked)
@@ -201,6 +204,32 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         return {"rounds": loop.state.round, "steps": trainer.state.global_step, "model": str(out / "model"),
                 "apatch_hook_calls": loop.apatch_hook_calls,
                 "validation": [line["validation/average"] for line in read_metrics(out, "validation")]}  # fmt: skip
+
+
+STALE_BUILD_LOCK_S = 600
+"""A build lock older than this was left by a dead build: DeepSpeed's CPU op builds in about a minute here."""
+
+
+def clear_stale_build_locks(*, now: float | None = None) -> list[Path]:
+    """Remove the ``lock`` files that killed DeepSpeed op builds left behind; return them.
+
+    Under its CPU accelerator DeepSpeed JIT-builds its shared-memory collective op
+    (``deepspeed_shm_comm``) with torch's ``cpp_extension``, which waits without limit while the
+    build directory holds a ``lock`` file. A build interrupted mid-way (Ctrl-C, a timeout) leaves
+    one, and every later ZeRO-3 run hangs in ``from_pretrained`` (seen: 15 minutes, then a kill).
+    Only locks older than :data:`STALE_BUILD_LOCK_S` go, so a build running now keeps its own.
+    The build directories are torch's: ``$TORCH_EXTENSIONS_DIR/NAME``, else
+    ``~/.cache/torch_extensions/py311_cpu/NAME`` (a folder per Python and accelerator).
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+
+    chosen = os.environ.get("TORCH_EXTENSIONS_DIR")
+    locks = Path(chosen).glob("deepspeed_*/lock") if chosen else Path(get_default_build_root()).glob("*/deepspeed_*/lock")
+    now = time.time() if now is None else now
+    stale = [lock for lock in locks if now - lock.stat().st_mtime > STALE_BUILD_LOCK_S]
+    for lock in stale:
+        lock.unlink(missing_ok=True)
+    return stale
 
 
 def _say(text: str) -> None:
