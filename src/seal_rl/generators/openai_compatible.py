@@ -215,29 +215,23 @@ class OpenAIGenerator:
         """The conversation as the server should see it (structured calls replayed with their ids)."""
         sent = self._api_messages.get(request.episode, [])
         out: list[dict[str, Any]] = []
+        between: list[dict[str, Any]] = []  # environment messages since the last assistant message
         assistant_index = 0
         pending_ids: list[str] = []
         for message in request.messages:
             role = message["role"]
             if role == "assistant":
+                out += as_text_turns(between)
+                between = []
                 api = sent[assistant_index] if assistant_index < len(sent) else {"role": "assistant", "content": message["content"]}
                 assistant_index += 1
                 out.append(api)
                 pending_ids = [c["id"] for c in api.get("tool_calls") or []]
-            elif role == "tool":
-                if pending_ids:
-                    out.append({"role": "tool", "tool_call_id": pending_ids.pop(0), "content": message["content"]})
-                else:  # text-format calls: results go back as <tool_response> blocks
-                    block = f"<tool_response>\n{message['content']}\n</tool_response>"
-                    if out and out[-1]["role"] == "user" and out[-1].get("_tool_responses"):
-                        out[-1]["content"] += "\n" + block
-                    else:
-                        out.append({"role": "user", "content": block, "_tool_responses": True})
+            elif role == "tool" and pending_ids:
+                out.append({"role": "tool", "tool_call_id": pending_ids.pop(0), "content": message["content"]})
             else:
-                out.append({"role": role, "content": message["content"]})
-        for message in out:
-            message.pop("_tool_responses", None)
-        return out
+                between.append(message)
+        return out + as_text_turns(between)
 
     def _parse(self, request: Request, data: dict[str, Any]) -> Generation:
         message = data["choices"][0]["message"]
@@ -263,6 +257,26 @@ class OpenAIGenerator:
         if broken is not None:
             return Generation(_unparseable(self.call_format, *broken, content))
         return Generation(self.format.render(calls, text=content))
+
+
+def as_text_turns(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Environment messages as a chat server sees them when calls travel as text: each run of tool
+    results becomes one user message of ``<tool_response>`` blocks (the Hermes convention, which
+    ``bfcl_qwen_fc`` also uses); other messages keep their role and content."""
+    out: list[dict[str, Any]] = []
+    folding = False
+    for message in messages:
+        if message["role"] == "tool":
+            block = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if folding:
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+            folding = True
+        else:
+            out.append({"role": message["role"], "content": message["content"]})
+            folding = False
+    return out
 
 
 def _arguments(raw: Any) -> dict[str, Any] | None:
