@@ -122,7 +122,8 @@ def test_verifiers_runner_on_a_faulty_replay_agrees_with_seal_eval(task_set, tmp
     from seal_rl.integrations.verifiers import BfclEnvConfig, BfclTasksetConfig
 
     tasks = [task_set.get(t) for t in TASKS]
-    scripts = _scripts(tasks, faults=0.6)
+    # every other message with the blank lines a model writes around it: played as written, never stripped
+    scripts = {t: [f"\n{m}\n\n" if i % 2 else m for i, m in enumerate(ms)] for t, ms in _scripts(tasks, faults=0.6).items()}
     replay = tmp_path / "replay.jsonl"
     replay.write_text("".join(json.dumps({"task_id": t, "assistant": m}) + "\n" for t, m in scripts.items()))
     evaluate(parse_policy(f"replay:{replay}").episodes(tasks, task_set, "hermes"), EnvConfig(protocol="bfcl"),
@@ -168,6 +169,16 @@ def test_the_environment_loads_the_way_verifiers_loads_it():
     assert len(list(load_environment(tasks=TASKS).taskset)) == 4
     with pytest.raises(ValueError, match="split"):
         BfclTasksetConfig(split="validation")
+    # the environment plays the reply as the model wrote it (verifiers' Segment.last_reply strips it)
+    from verifiers.v1.agent import Segment
+    from verifiers.v1.types import AssistantMessage, UserMessage
+
+    from seal_rl.integrations.verifiers import _reply
+
+    written = "\n<tool_call>\n{}\n</tool_call>\n\n"
+    segment = Segment(messages=[AssistantMessage(content="first"), UserMessage(content="r"), AssistantMessage(content=written)])
+    assert _reply(segment) == written != segment.last_reply
+    assert _reply(Segment(messages=[AssistantMessage(content=None)])) == "" and _reply(Segment(messages=[])) == ""
     with pytest.raises(ValueError, match="Unknown task id 'multi_turn_base_9999'. Did you mean multi_turn_base_99"):
         list(load_environment(tasks=["multi_turn_base_9999"]).taskset)
     with pytest.raises(ValueError, match="categor"):

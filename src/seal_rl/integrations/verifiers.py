@@ -29,10 +29,11 @@ the local ``subprocess`` runtime. ``protocol`` (``bfcl`` or ``seal``) and ``inte
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any, Literal
 
 import verifiers.v1 as vf
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from seal_rl.diagnose import LABELS, add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
@@ -120,16 +121,22 @@ class BfclEnvConfig(vf.EnvConfig):
 class BfclVerifiersEnv(vf.Env[BfclEnvConfig]):
     """One BFCL episode per task: the model's replies are the steps of seal-rl's environment."""
 
+    @cached_property
+    def _bfcl(self) -> tuple[TaskSet, ToolCatalog]:
+        """The tasks and the tool catalog, loaded once per environment (read-only; about a second)."""
+        return TaskSet.load(), ToolCatalog()
+
     async def run(self, task: BfclTask, agents: vf.Agents) -> None:
         data = task.data
-        env, opening = _episode(TaskSet.load().get(str(data.id)), data.protocol, data.call_format, data.interface)
+        task_set, catalog = self._bfcl
+        env, opening = _episode(task_set.get(str(data.id)), data.protocol, data.call_format, data.interface, catalog)
         message = as_text_turns([m for m in opening if m["role"] != "system"])  # the system prompt is the task's
         async with agents.agent.interaction(task) as interaction:
             while not env.done:
                 segment = await interaction.turn(message)
                 if segment.terminated:  # a verifiers limit (turns, tokens, time) ended the exchange
                     break
-                observation, *_ = env.step(segment.last_reply)
+                observation, *_ = env.step(_reply(segment))
                 message = as_text_turns(observation)
             if not env.done:
                 env.truncate("agent_stopped")
@@ -153,6 +160,15 @@ def episode_metrics(record: dict[str, Any]) -> dict[str, float]:
             "call_share": counts["calls"] / counts["messages"] if counts["messages"] else 0.0,
             "turns": float(counts["turns"]), "messages": float(counts["messages"]),
             **{f"label_{name}": float(labels.count(name)) for name in LABELS}}  # fmt: skip
+
+
+def _reply(segment: Any) -> str:
+    """The model's last message as it wrote it (``Segment.last_reply`` strips it)."""
+    for message in reversed(segment.messages):
+        if getattr(message, "role", None) == "assistant":
+            content = message.content
+            return content if isinstance(content, str) else ""
+    return ""
 
 
 def load_environment(**taskset: Any) -> BfclVerifiersEnv:
