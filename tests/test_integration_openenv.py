@@ -128,3 +128,13 @@ def test_a_failing_episode_is_diagnosed_and_hostile_messages_are_observations(se
 
         with pytest.raises(Exception, match="multi_turn_base_99999"):
             env.reset(task_id="multi_turn_base_99999")
+
+
+def test_the_server_passes_openenvs_own_runtime_validation(server):
+    """`openenv validate --url` (OpenEnv's CLI): its runtime standard's criteria — OpenAPI version,
+    /health, /metadata, /schema, the MCP endpoint, mode consistency — all pass."""
+    openenv_cli = Path(sys.executable).with_name("openenv")
+    result = subprocess.run([str(openenv_cli), "validate", "--url", server, "--json"], capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert result.returncode == 0 and report["passed"], report
+    assert report["summary"]["failed_criteria"] == [] and report["summary"]["required_total_count"] >= 6
