@@ -8,7 +8,7 @@ it by its id, ``seal-bfcl`` (verifiers imports an id as a top-level module: the 
 
 * ``vf-eval seal-bfcl -m MODEL --client.base-url URL`` evaluates a model;
 * ``vf.load_environment(BfclEnvConfig(...))``, or :func:`load_environment` here with keyword
-  options, builds the environment for an eval or a trainer (prime-rl) in Python.
+  options, builds the environment in Python (verifiers' eval runner and server load it this way).
 
 :class:`BfclTaskset` yields one task per BFCL task of a split (the paper's 400/400 split, or explicit
 ids). :class:`BfclVerifiersEnv` plays it with seal-rl's :class:`~seal_rl.env.BfclEnv`: the opening
