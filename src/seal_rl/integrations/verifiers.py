@@ -87,9 +87,15 @@ class BfclTask(vf.Task[BfclData]):
 class BfclTaskset(vf.Taskset[BfclTask, BfclTasksetConfig]):
     """The BFCL multi-turn tasks of the config's split (one verifiers task each)."""
 
+    @cached_property
+    def bfcl(self) -> tuple[TaskSet, ToolCatalog]:
+        """The tasks and the tool catalog, loaded once (read-only; about a second): the tasks are
+        built from them, and the environment plays its episodes with them."""
+        return TaskSet.load(), ToolCatalog()
+
     def load(self) -> Iterator[BfclTask]:
         config = self.config
-        task_set, catalog = TaskSet.load(), ToolCatalog()
+        task_set, catalog = self.bfcl
         try:
             chosen = task_set.select(config.split, config.categories, ids=config.tasks)
         except SealError as exc:  # an unknown task id or category: verifiers reports a ValueError as a config error
@@ -121,14 +127,9 @@ class BfclEnvConfig(vf.EnvConfig):
 class BfclVerifiersEnv(vf.Env[BfclEnvConfig]):
     """One BFCL episode per task: the model's replies are the steps of seal-rl's environment."""
 
-    @cached_property
-    def _bfcl(self) -> tuple[TaskSet, ToolCatalog]:
-        """The tasks and the tool catalog, loaded once per environment (read-only; about a second)."""
-        return TaskSet.load(), ToolCatalog()
-
     async def run(self, task: BfclTask, agents: vf.Agents) -> None:
         data = task.data
-        task_set, catalog = self._bfcl
+        task_set, catalog = self.taskset.bfcl
         env, opening = _episode(task_set.get(str(data.id)), data.protocol, data.call_format, data.interface, catalog)
         message = as_text_turns([m for m in opening if m["role"] != "system"])  # the system prompt is the task's
         async with agents.agent.interaction(task) as interaction:
