@@ -13,12 +13,14 @@ import warnings
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.cli import catalogue, evaluation, serve, training
 from seal_rl.cli.console import err, out
 from seal_rl.errors import SealError, SealWarning
+from seal_rl.extras import missing_extra_message
 
 app = typer.Typer(
     help="seal-rl: SEAL for multi-turn tool-use agents on BFCL.",
@@ -75,7 +77,7 @@ def entry() -> None:
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings of seal-rl's own (:class:`SealWarning`) as one line; others as Python prints them."""
     if issubclass(category, SealWarning):
-        err.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -84,12 +86,19 @@ _python_showwarning = warnings.showwarning
 
 
 def main() -> None:
-    """Entry point of the ``seal`` command: user errors become one line on stderr and exit code 2."""
+    """Entry point of the ``seal`` command: user errors, and a module of an extra that is not
+    installed (:mod:`seal_rl.extras`), become one line on stderr and exit code 2."""
     warnings.showwarning = _show_warning
     try:
         app()
     except SealError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")
