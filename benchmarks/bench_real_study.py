@@ -55,7 +55,7 @@ from seal_rl import recipes
 from seal_rl.evaluate import episode_counts, turn_measures
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
-from seal_rl.train import batch_layout, load_recipe, read_metrics, sft
+from seal_rl.train import load_recipe, read_metrics, sft
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "real_study.yaml"
@@ -94,7 +94,7 @@ def arm_overrides(arm_recipe: str) -> list[str]:
 def run_overrides(study: dict, recipe_name: str, extra: list[str]) -> list[str]:
     """What every arm's run sets: the held-out tasks, measured under bfcl each round, and the rounds."""
     recipe = load_recipe(recipe_name, extra)
-    updates = batch_layout(recipe, 1)["updates_per_round"]
+    updates = recipe.grpo.tasks_per_step // recipe.grpo.tasks_per_update  # optimizer steps a round (batch_layout)
     return [*extra, "warm_start.data=[]", "eval.every_rounds=1", "eval.protocol=bfcl",
             "eval.tasks=" + json.dumps(study["held_out"]), f"grpo.max_steps={study['rounds'] * updates}"]  # fmt: skip
 

@@ -156,3 +156,25 @@ def test_the_real_smollm2_by_name_is_refused_without_checkpointing(monkeypatch, 
                              "--set", "grpo.max_steps=1", "--out", str(tmp_path / "run"))  # fmt: skip
     assert code == 2 and "does not fit on this machine" in err and "stopped here" not in err
     assert recipe_shape(load_recipe(SMOKE, ["model.path=smollm2-135m-instruct"])) == model_shape(smollm2_dir)
+
+
+def test_auto_micro_batch_is_chosen_for_the_machine_and_an_explicit_one_is_kept():
+    from seal_rl.fit import resolve_micro_batch
+    from seal_rl.plan.micro_batch import group_aligned_sizes
+
+    recipe = load_recipe("smoke-cpu", ["grpo.per_device_train_batch_size=auto"])
+    roomy, said = resolve_micro_batch(recipe, processes=1, num_tasks=2, machine=Machine.cpu(24.0))
+    assert roomy.grpo.per_device_train_batch_size == group_aligned_sizes(recipe, 1)[0]  # the tiny model fits any size
+    assert said.startswith(f"micro-batch: auto -> {roomy.grpo.per_device_train_batch_size} ") and "CPU, 24.0 GiB" in said
+    cramped, said = resolve_micro_batch(recipe, processes=1, num_tasks=2, machine=Machine.cpu(0.5))
+    assert cramped.grpo.per_device_train_batch_size == group_aligned_sizes(recipe, 1)[-1] and "none fits" in said
+    explicit = load_recipe("smoke-cpu", ["grpo.per_device_train_batch_size=2"])
+    assert resolve_micro_batch(explicit, processes=1, num_tasks=2, machine=Machine.cpu(24.0)) == (explicit, "")
+
+
+def test_auto_without_an_estimate_takes_one_group(tmp_path):
+    from seal_rl.fit import resolve_micro_batch
+
+    recipe = load_recipe("smoke-cpu", ["grpo.per_device_train_batch_size=auto", f"model.path={tmp_path}"])  # no config.json
+    chosen, said = resolve_micro_batch(recipe, processes=1, num_tasks=2, machine=Machine.cpu(24.0))
+    assert chosen.grpo.per_device_train_batch_size == recipe.grpo.num_generations and "no memory estimate" in said

@@ -384,3 +384,60 @@ def test_the_hf_generators_prefix_cache_is_planned_unless_the_weights_are_sharde
     assert not [m for m in off.memory if m.name.startswith("hf prefix cache")]
     with pytest.raises(SealError, match="prefix_cache_tokens must be >= 0"):
         load_recipe(PAPER, [*hf, "prefix_cache_tokens=-1"])
+
+
+# -- grpo.per_device_train_batch_size: auto ------------------------------------------------------
+
+
+def _auto(memory_gib: float, gpus: int = 4, strategy: str = "zero3", extra: tuple[str, ...] = ()):
+    from seal_rl.plan.micro_batch import choose_micro_batch
+
+    recipe = load_recipe(PAPER, ["model.path=preset:qwen2.5-7b", "grpo.per_device_train_batch_size=auto", *extra])
+    return recipe, choose_micro_batch(recipe, gpus, lambda r: estimate(r, gpus=gpus, gpu_memory_gb=memory_gib, strategy=strategy))
+
+
+def test_auto_takes_the_largest_group_aligned_micro_batch_that_fits():
+    """On the paper's 4 x 80 GiB a whole group (8) fits; the next size up (16) would hold two groups."""
+    from seal_rl.plan.micro_batch import group_aligned_sizes, with_micro_batch
+    from seal_rl.train.recipe import batch_layout
+
+    recipe, choice = _auto(80.0)
+    assert group_aligned_sizes(recipe, 4) == [16, 8, 4, 2, 1]  # 8 tasks x 8 rollouts per update over 4 GPUs
+    sizes = group_aligned_sizes(recipe, 4)
+    fits = {b: estimate(with_micro_batch(recipe, b), gpus=4, gpu_memory_gb=80.0).fits for b in sizes}
+    assert choice.size == max(b for b, ok in fits.items() if ok) and choice.plan.fits
+    assert [b for b, _ in choice.too_large] == [b for b in sizes if b > choice.size]
+    batch_layout(with_micro_batch(recipe, choice.size), 4)  # TRL's arithmetic accepts it
+    assert choice.smallest.micro_batch == 1 and choice.plan.trained_tokens < choice.smallest.trained_tokens
+
+
+@pytest.mark.parametrize("memory", [16.0, 24.0, 40.0, 80.0, 141.0])
+def test_auto_never_takes_a_smaller_micro_batch_on_a_larger_gpu(memory):
+    _, smaller = _auto(memory * 0.75)
+    _, larger = _auto(memory)
+    assert larger.size >= smaller.size
+
+
+def test_auto_keeps_a_turn_layouts_episodes_whole():
+    from seal_rl.plan.micro_batch import group_aligned_sizes
+
+    recipe, choice = _auto(80.0, extra=("layout=turn", "turn_samples=4"))
+    assert all(b % 4 == 0 for b in group_aligned_sizes(recipe, 4)) and choice.size % 4 == 0
+
+
+def test_seal_plan_says_what_auto_chose_and_what_it_saves(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--config", PAPER, "--set", "model.path=preset:qwen2.5-7b",
+                             "--set", "grpo.per_device_train_batch_size=auto", "--gpus", "8", "--gpu-memory", "80")  # fmt: skip
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("micro-batch: auto -> "))
+    _, choice = _auto(80.0, gpus=8)
+    assert line.startswith(f"micro-batch: auto -> {choice.size} ") and "x fewer" in line
+    assert f"micro-batch {choice.size};" in out  # the plan below is the chosen size's
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "big", "1.5"])
+def test_a_bad_micro_batch_is_one_error_line(monkeypatch, capsys, value):
+    code, _, err = run_cli(monkeypatch, capsys, "plan", "--config", PAPER, "--set", "model.path=preset:qwen2.5-7b",
+                           "--set", f"grpo.per_device_train_batch_size={value}", "--gpus", "4", "--gpu-memory", "80")  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "grpo.per_device_train_batch_size must be a positive number of samples or auto" in err

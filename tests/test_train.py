@@ -93,14 +93,19 @@ def uninterrupted(tiny_path, tmp_path_factory, loss_inputs):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_shipped_recipes_are_valid(config):
     cpu = "-cpu" in config.name  # CPU recipes build their own tiny model and run in one process
-    recipe = load_recipe(config, [] if cpu else ["model.path=/models/any"])
-    batch_layout(recipe, 1 if cpu else 4)
+    recipe = load_recipe(config, [] if cpu else ["model.path=preset:qwen2.5-7b"])
+    processes = 1 if cpu else 4
+    if not cpu:  # GPU recipes choose their micro-batch for the machine (auto): here, 4 x 80 GiB
+        from seal_rl.fit import Machine, resolve_micro_batch
+
+        recipe, _ = resolve_micro_batch(recipe, processes=4, num_tasks=400, machine=Machine("cuda", 4, 80.0, "zero3"))
+    batch_layout(recipe, processes)
     assert EnvConfig(**recipe.env).protocol == "seal"  # recipes train under the released SEAL code's loop, as the paper did
 
 
 def test_paper_recipe_layout():
-    recipe = load_recipe(ROOT / "configs" / "paper-qwen2.5-7b.yaml", ["model.path=/m"])
-    # Micro-batch 1 (SEAL Table 4): 256 samples per round over 4 GPUs, 8 tasks x 8 rollouts per update.
+    recipe = load_recipe(ROOT / "configs" / "paper-qwen2.5-7b.yaml", ["model.path=/m", "grpo.per_device_train_batch_size=1"])
+    # Micro-batch 1 (SEAL Table 4; the shipped recipe chooses its own, auto): 256 samples per round over 4 GPUs, 8 tasks x 8 rollouts per update.
     assert batch_layout(recipe, 4) == {"steps_per_generation": 64, "gradient_accumulation_steps": 16, "updates_per_round": 4}
     assert recipe.grpo.num_generations == 8 and recipe.grpo.tasks_per_step == 32 and recipe.grpo.beta == 0.001
 

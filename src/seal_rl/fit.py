@@ -101,6 +101,22 @@ def host_available_bytes() -> int:
     return available
 
 
+def host_total_bytes() -> int:
+    """The host's RAM, bounded by the cgroup's memory limit: the same on every rank at any moment."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 2**60:
+            total = min(total, int(limit))
+        break
+    return total
+
+
 def this_machine(processes: int, environ: Mapping[str, str] = os.environ) -> Machine:
     """The machine this process trains on: its CUDA device (the memory of the one it uses) or the
     host's available RAM, with ``processes`` training processes and the launch strategy."""
@@ -228,6 +244,35 @@ def check_fit(recipe: SealRecipe, machine: Machine, *, num_tasks: int | None = N
         if candidate.fits:
             return FitCheck(machine, plan, settings, candidate.training_bytes)
     return FitCheck(machine, plan, tried=candidates[-1] if candidates else (), tried_bytes=candidate.training_bytes)
+
+
+def resolve_micro_batch(recipe: SealRecipe, *, processes: int, num_tasks: int, machine: Machine | None = None) -> tuple[SealRecipe, str]:
+    """The recipe with ``grpo.per_device_train_batch_size: auto`` chosen for ``machine`` (default:
+    this machine, its GPU's memory or its host's *total* RAM, so that every rank chooses the same),
+    and one line that says what was chosen and why; an explicit size is returned as it is, with "".
+
+    Without an estimate (a model whose shape seal plan does not know) it takes the group size,
+    where the batch arithmetic allows it."""
+    from seal_rl.plan.micro_batch import AUTO, choose_micro_batch, group_aligned_sizes, with_micro_batch
+    from seal_rl.train.recipe import samples_per_task
+
+    if recipe.grpo.per_device_train_batch_size != AUTO:
+        return recipe, ""
+    if machine is None:
+        machine = this_machine(processes)
+        if machine.device == "cpu":
+            total = host_total_bytes() / GiB
+            machine = dataclasses.replace(machine, memory_gib=total / processes, name=f"CPU, {total:.1f} GiB of RAM in all")
+    try:
+        shape = recipe_shape(recipe)
+    except SealError as exc:
+        sizes = group_aligned_sizes(recipe, processes)
+        size = next((b for b in sizes if b <= samples_per_task(recipe)), sizes[-1])
+        return with_micro_batch(recipe, size), f"micro-batch: auto -> {size} (one group; no memory estimate: {exc})"
+    choice = choose_micro_batch(recipe, processes, lambda r: estimate(
+        r, gpus=machine.processes, gpu_memory_gb=machine.memory_gib, strategy=machine.strategy,
+        assumptions=machine.assumptions, shape=shape, num_tasks=num_tasks, device=machine.device))  # fmt: skip
+    return with_micro_batch(recipe, choice.size), f"{choice.describe()} [{machine.name}]"
 
 
 def check_before_training(

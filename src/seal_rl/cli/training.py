@@ -46,13 +46,17 @@ def train_command(
     if out_dir is None or config is None:
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
-    if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
-        from seal_rl.fit import check_before_training
-        from seal_rl.tasks import TaskSet
-        from seal_rl.train import select_tasks
+    from seal_rl.fit import check_before_training, resolve_micro_batch
+    from seal_rl.tasks import TaskSet
+    from seal_rl.train import select_tasks
 
-        tasks = select_tasks(recipe, TaskSet.load())[0]
-        check_before_training(recipe, processes=int(os.environ.get("WORLD_SIZE", "1")), num_tasks=len(tasks), force=force,
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    tasks = select_tasks(recipe, TaskSet.load())[0]
+    recipe, chosen = resolve_micro_batch(recipe, processes=processes, num_tasks=len(tasks))  # every rank: the same choice
+    if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
+        if chosen:
+            err.print(chosen, markup=False, highlight=False, soft_wrap=True)
+        check_before_training(recipe, processes=processes, num_tasks=len(tasks), force=force,
                               say=lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True))  # fmt: skip
     summary = train(recipe, out_dir, resume=resume, recipe_path=config)
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
@@ -80,13 +84,21 @@ def plan_command(
     budgets, with that model's tokenizer.
     """
     from seal_rl.plan import Assumptions, estimate, render
+    from seal_rl.plan.micro_batch import AUTO, choose_micro_batch, with_micro_batch
     from seal_rl.train import load_recipe
 
     recipe = load_recipe(config, overrides or [])
     assumptions = Assumptions(peak_tflops=peak_tflops, mfu=mfu, hbm_tb_per_s=hbm_tb_s, decode_efficiency=decode_efficiency,
                               gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib)  # fmt: skip
+    chosen = ""
+    if recipe.grpo.per_device_train_batch_size == AUTO:
+        choice = choose_micro_batch(recipe, gpus, lambda r: estimate(r, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy,
+                                                                     assumptions=assumptions))  # fmt: skip
+        recipe, chosen = with_micro_batch(recipe, choice.size), choice.describe()
     plan = estimate(recipe, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy, assumptions=assumptions)
     out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
+    if chosen:
+        out.print(chosen, markup=False, highlight=False, soft_wrap=True)
     # The verdict is the report's last line, printed once; the exit code tells scripts.
     out.print(render(plan, budgets=_budget_count_line(recipe)), markup=False, highlight=False, soft_wrap=True)
     if not plan.fits:

@@ -75,8 +75,10 @@ class GRPOSettings:
     """tasks per round / generation batch [32]"""
     tasks_per_update: int = 8
     """tasks per optimizer step (PPO mini-batch) [8]: tasks_per_step / tasks_per_update updates per round"""
-    per_device_train_batch_size: int = 4
-    """samples per device per micro-batch (the paper: 1; GPU recipes use 1 and accumulate)"""
+    per_device_train_batch_size: Any = 4
+    """samples per device per micro-batch (the paper: 1), or ``auto``: the largest group-aligned size
+    that seal plan's estimate says fits the machine (:mod:`seal_rl.plan.micro_batch`); a whole group
+    per micro-batch forwards its shared prompt once (``shared_prefix``)"""
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "constant"
     num_train_epochs: float = 6.0
@@ -283,7 +285,10 @@ def validate(recipe: SealRecipe) -> None:
     g = recipe.grpo
     if recipe.layout not in LAYOUTS:
         raise SealError(f"layout must be one of {', '.join(LAYOUTS)}, got {recipe.layout!r}.")
-    if recipe.layout == "turn" and (recipe.turn_samples < 1 or g.per_device_train_batch_size % recipe.turn_samples):
+    b = g.per_device_train_batch_size
+    if b != "auto" and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+        raise SealError(f"grpo.per_device_train_batch_size must be a positive number of samples or auto, got {b!r}.")
+    if recipe.layout == "turn" and (recipe.turn_samples < 1 or (b != "auto" and b % recipe.turn_samples)):
         raise SealError(f"layout turn: turn_samples ({recipe.turn_samples}) must be at least 1 and divide "
                         f"grpo.per_device_train_batch_size ({g.per_device_train_batch_size}), so that every process "
                         "holds whole episodes.")  # fmt: skip
@@ -391,6 +396,9 @@ def samples_per_task(recipe: SealRecipe) -> int:
 def batch_layout(recipe: SealRecipe, world_size: int) -> dict[str, int]:
     """TRL batch settings for the recipe on ``world_size`` processes."""
     g = recipe.grpo
+    if g.per_device_train_batch_size == "auto":
+        raise SealError("grpo.per_device_train_batch_size is auto here; it is chosen for a machine by "
+                        "seal_rl.fit.resolve_micro_batch (seal train, seal plan) before batches are laid out.")  # fmt: skip
     per_process = g.per_device_train_batch_size * world_size
     round_samples = g.tasks_per_step * samples_per_task(recipe)
     update_samples = g.tasks_per_update * samples_per_task(recipe)
