@@ -1,6 +1,6 @@
 """Shared-prefix packing is exact: per row, log-probabilities, the loss and every parameter's gradient
 of the packed path equal each row forwarded alone (fp32, dropout 0, train mode), for the shapes the
-update meets; broken variants (a suffix that sees another, shifted positions, a plain causal mask)
+update meets (``SEAL_TEST_DTYPE=bfloat16``: the same in bf16, to bf16's noise); broken variants (a suffix that sees another, shifted positions, a plain causal mask)
 are caught by the same comparison; model families that mix tokens outside attention are refused."""
 
 from __future__ import annotations
@@ -22,9 +22,23 @@ from seal_rl.train.prefix_tree import (
 
 DEVICE = os.environ.get("SEAL_TEST_DEVICE", "cpu")
 """where the models run: ``SEAL_TEST_DEVICE=cuda`` runs the same tests on a GPU (SDPA's CUDA kernels)"""
+DTYPE_NAME = os.environ.get("SEAL_TEST_DTYPE", "float32")
+"""the toy models' dtype: ``SEAL_TEST_DTYPE=bfloat16`` runs the same comparisons in bf16 (on CUDA, SDPA's
+bf16 flash and memory-efficient kernels), against bf16's tolerances"""
+TOLERANCES = {
+    # (log-prob, loss, gradient relative per parameter, check_model's probe); the real-model test keeps float32's
+    "float32": (2e-5, 1e-3, 1e-4, 2e-3),  # the probe in DESIGN.md §9 saw 2.1e-5 on a real 135M model at 6.6k tokens
+    # bf16 on CPU lies up to 0.16 in log-prob, 0.34 in loss and 0.11 in gradient from float32 on these toys; on CUDA the
+    # packed and the plain path run different kernels, each that far from float32. 0.25: the trainer's bf16 probe.
+    "bfloat16": (0.4, 1.0, 0.25, 0.25),
+}
+if DTYPE_NAME not in TOLERANCES:
+    raise ValueError(f"SEAL_TEST_DTYPE={DTYPE_NAME!r}; expected one of {', '.join(TOLERANCES)}.")
+DTYPE = getattr(torch, DTYPE_NAME)
+LOGP_TOLERANCE, LOSS_TOLERANCE, GRADIENT_TOLERANCE, PROBE_TOLERANCE = TOLERANCES[DTYPE_NAME]
+CONTROL_MARGIN = 10 if DTYPE == torch.float32 else 3
+"""how far past the tolerances a broken tree must land"""
 VOCAB = 211
-LOGP_TOLERANCE = 2e-5  # the probe in DESIGN.md §9 saw 2.1e-5 on a real 135M model at 6.6k tokens
-GRADIENT_TOLERANCE = 1e-4  # relative, per parameter
 SHARP = 0.3
 """initializer range: a random model with transformers' default (0.02) attends almost uniformly and barely
 notices positions, so a broken tree would differ by little more than float noise"""
@@ -32,7 +46,7 @@ notices positions, so a broken tree would differ by little more than float noise
 
 def _model(config) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().to(DEVICE)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(DEVICE, DTYPE)
     model.train()  # dropout is 0 in these configs; train mode as in the update
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     return model
@@ -119,7 +133,7 @@ def test_packed_rows_equal_rows_forwarded_alone(case, heads):
     model = _llama(*heads)
     rows, prompts = _rows(case)
     logp, loss, grad = _compare(model, rows, prompts)
-    assert logp < LOGP_TOLERANCE and loss < 1e-3 and grad < GRADIENT_TOLERANCE, (logp, loss, grad)
+    assert logp < LOGP_TOLERANCE and loss < LOSS_TOLERANCE and grad < GRADIENT_TOLERANCE, (logp, loss, grad)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
@@ -127,7 +141,7 @@ def test_packed_rows_are_exact_under_gradient_checkpointing(reentrant):
     model = _llama(layers=3)
     rows, prompts = _rows("two_tasks")
     logp, loss, grad = _compare(model, rows, prompts, checkpointing=reentrant)
-    assert logp < LOGP_TOLERANCE and loss < 1e-3 and grad < GRADIENT_TOLERANCE, (logp, loss, grad)
+    assert logp < LOGP_TOLERANCE and loss < LOSS_TOLERANCE and grad < GRADIENT_TOLERANCE, (logp, loss, grad)
 
 
 def test_the_trl_layout_round_trips():
@@ -211,10 +225,13 @@ def _plain_causal(model, rows, prompts):
 
 @pytest.mark.parametrize("broken", [_leaky, _shifted, _plain_causal], ids=["suffix-sees-suffix", "shifted-positions", "plain-causal"])
 def test_a_broken_tree_fails_the_comparison(broken):
+    if broken is _leaky and DTYPE == torch.bfloat16:
+        pytest.skip("a suffix that sees another's few tokens moves log-probs by 0.32 and gradients by 0.17, within bf16's "
+                    "noise; the float32 run catches it")
     model = _llama()
     rows, prompts = _rows("unequal_suffixes")
     logp, _, grad = _compare(model, rows, prompts, broken)
-    assert logp > 10 * LOGP_TOLERANCE and grad > 10 * GRADIENT_TOLERANCE, (logp, grad)
+    assert logp > CONTROL_MARGIN * LOGP_TOLERANCE and grad > CONTROL_MARGIN * GRADIENT_TOLERANCE, (logp, grad)
 
 
 def test_the_attention_refuses_what_it_does_not_implement():
@@ -249,18 +266,21 @@ def _family(name: str):
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3", "gpt_oss"])
 def test_model_families_are_exact(name):
+    if name == "gpt_oss" and DTYPE == torch.bfloat16:
+        pytest.skip("in bf16 this toy gpt-oss lies ~0.3 in log-prob from its float32 self on the packed and the plain "
+                    "path alike (rounding changes which experts its router picks); its float32 run checks the packing")
     config = _family(name)
     model = _model(config) if name != "gpt_oss" else _eager(config)
     rows, prompts = _rows("two_tasks")
     logp, loss, grad = _compare(model, rows, prompts)
-    assert logp < LOGP_TOLERANCE and loss < 1e-3 and grad < GRADIENT_TOLERANCE, (name, logp, loss, grad)
-    assert check_model(model, VOCAB, tolerance=2e-3) is None
+    assert logp < LOGP_TOLERANCE and loss < LOSS_TOLERANCE and grad < GRADIENT_TOLERANCE, (name, logp, loss, grad)
+    assert check_model(model, VOCAB, tolerance=PROBE_TOLERANCE) is None
 
 
 def _eager(config):
     """gpt-oss's own attention is eager (its sinks have no SDPA form in transformers)."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().to(DEVICE)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(DEVICE, DTYPE)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_()  # zero-initialised sinks would hide a sink that is dropped
@@ -292,7 +312,7 @@ def test_the_probe_catches_a_layer_that_ignores_the_tree(monkeypatch):
         return sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)
 
     monkeypatch.setattr(prefix_tree, "tree_attention", plain)
-    assert "differ" in check_model(model, VOCAB, tolerance=2e-3)
+    assert "differ" in check_model(model, VOCAB, tolerance=PROBE_TOLERANCE)
 
 
 # -- micro-batches ---------------------------------------------------------------------------------
@@ -362,5 +382,5 @@ def test_a_real_model_prepared_by_accelerate_passes_the_probe_and_packs(smollm2_
     assert trainer._seal_checked and set(trainer._seal_checked.values()) == {None}  # the probe passed
     assert trainer.seal.tokens["update/old_logprobs/forwarded"] < 2 * trainer.seal.tokens["update/old_logprobs/rows"]
     completion = mask[:, 60:].bool()
-    tolerance = LOGP_TOLERANCE * 10 if mixed_precision == "no" else 0.5
+    tolerance = TOLERANCES["float32"][0] * 10 if mixed_precision == "no" else 0.5
     assert (packed - stock).abs()[completion].max() < tolerance
