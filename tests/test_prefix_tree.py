@@ -1,7 +1,8 @@
 """Shared-prefix packing is exact: per row, log-probabilities, the loss and every parameter's gradient
 of the packed path equal each row forwarded alone (fp32, dropout 0, train mode), for the shapes the
-update meets (``SEAL_TEST_DTYPE=bfloat16``: the same in bf16, to bf16's noise); broken variants (a suffix that sees another, shifted positions, a plain causal mask)
-are caught by the same comparison; model families that mix tokens outside attention are refused."""
+update meets; broken variants (a suffix that sees another, shifted positions, a plain causal mask)
+are caught by the same comparison; model families that mix tokens outside attention are refused.
+``SEAL_TEST_DEVICE=cuda`` and ``SEAL_TEST_DTYPE=bfloat16`` run the same tests on a GPU and in bf16."""
 
 from __future__ import annotations
 
