@@ -241,6 +241,8 @@ def _summary_prefix(f: dict[str, Any]) -> str:
 
 def _summary_train(f: dict[str, Any]) -> str:
     u, r = f.get("update", {}), f.get("rollout", {})
+    if not r:
+        return f"exit {f.get('exit_status')}, no round logged"
     return (f"exit {f.get('exit_status')}, {f.get('nonzero_advantages', 0)}/{len(f.get('advantages_after', []))} non-zero "
             f"advantages, success {r.get('rollout/reward_mean', float('nan')):.0%}, policy pass "
             f"{u.get('update/policy/forwarded_tokens', 0):,} of {u.get('update/policy/rows_tokens', 0):,} tokens")  # fmt: skip

@@ -240,6 +240,18 @@ def build_samples(
 # -- training ----------------------------------------------------------------------------------
 
 
+def checkpointing_argument(enabled: bool) -> dict[str, bool]:
+    """The ``TrainingArguments`` keyword that turns activation checkpointing on, for the installed
+    transformers: ``activation_checkpointing`` from 5.23 (where ``gradient_checkpointing`` is a
+    deprecated alias), ``gradient_checkpointing`` before (5.0–5.22 know only that name)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
+
+
 def run_sft(
     model_path: str | Path,
     samples: Sequence[dict[str, Any]],
@@ -285,7 +297,7 @@ def run_sft(
         report_to=settings.report_to,
         save_strategy="no",
         max_length=None,
-        activation_checkpointing=gradient_checkpointing,
+        **checkpointing_argument(gradient_checkpointing),
         use_cpu=not torch.cuda.is_available(),
         dataset_num_proc=None,
         **settings.extra,

@@ -24,6 +24,7 @@ from seal_rl.generators import vllm_cpu
 from seal_rl.generators.vllm_engines import trl_engine_dtype
 from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
+from seal_rl.sft import checkpointing_argument
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, resolve_bf16, samples_per_task
@@ -142,7 +143,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             save_steps=save_steps,
             save_total_limit=g.save_total_limit,
             report_to=g.report_to,
-            activation_checkpointing=recipe.model.gradient_checkpointing,
+            **checkpointing_argument(recipe.model.gradient_checkpointing),
             remove_unused_columns=False,
             use_cpu=not torch.cuda.is_available(),
             **g.extra,
