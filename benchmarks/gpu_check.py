@@ -117,6 +117,11 @@ PREFIX_TREE_CPU_SUBSET = "unequal_suffixes or round_trips or broken_tree"
 
 # -- the checks, as the parent runs them --------------------------------------------------------
 
+Command = Callable[[argparse.Namespace, Path], tuple[list[str], dict[str, str]]]
+"""a check's process: (argv, extra environment), given the options and the scratch folder"""
+Reader = Callable[[argparse.Namespace, Path, subprocess.CompletedProcess], tuple[bool, dict[str, Any], str | None]]
+"""(passed, figures, why not), read after the check's process exited"""
+
 
 @dataclass
 class Check:
@@ -125,22 +130,22 @@ class Check:
     name: str
     timeout: tuple[int, int]
     """seconds on the GPU, on the CPU"""
-    command: Callable[[argparse.Namespace, Path], tuple[list[str], dict[str, str]]]
-    """(argv, extra environment) of its process, given the options and the scratch folder"""
-    figures: Callable[[argparse.Namespace, Path, subprocess.CompletedProcess], tuple[bool, dict[str, Any], str | None]]
-    """(passed, figures, why not) after the process exited"""
+    command: Command
+    figures: Reader
     summary: Callable[[dict[str, Any]], str]
     """the table's one-line summary of the figures"""
 
 
-def _child_command(name: str) -> Callable[[argparse.Namespace, Path], tuple[list[str], dict[str, str]]]:
+def _child_command(name: str) -> Command:
     def command(args: argparse.Namespace, work: Path) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, __file__, "--child", name, "--work", str(work)] + (["--cpu"] if args.cpu else []), {}
 
     return command
 
 
-def _child_figures(name: str) -> Callable[[argparse.Namespace, Path, subprocess.CompletedProcess], tuple[bool, dict, str | None]]:
+def _child_figures(name: str) -> Reader:
+    """Figures a child check wrote as ``work/NAME.json``."""
+
     def figures(args: argparse.Namespace, work: Path, done: subprocess.CompletedProcess) -> tuple[bool, dict, str | None]:
         path = work / f"{name}.json"
         if done.returncode != 0 or not path.exists():
@@ -151,7 +156,7 @@ def _child_figures(name: str) -> Callable[[argparse.Namespace, Path, subprocess.
     return figures
 
 
-def _pytest_command(dtype: str) -> Callable[[argparse.Namespace, Path], tuple[list[str], dict[str, str]]]:
+def _pytest_command(dtype: str) -> Command:
     def command(args: argparse.Namespace, work: Path) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_prefix_tree.py",
                 f"--junitxml={work / f'prefix_tree_{dtype}.xml'}"]  # fmt: skip
@@ -162,7 +167,9 @@ def _pytest_command(dtype: str) -> Callable[[argparse.Namespace, Path], tuple[li
     return command
 
 
-def _pytest_figures(dtype: str) -> Callable[[argparse.Namespace, Path, subprocess.CompletedProcess], tuple[bool, dict, str | None]]:
+def _pytest_figures(dtype: str) -> Reader:
+    """Outcomes per test from pytest's JUnit report."""
+
     def figures(args: argparse.Namespace, work: Path, done: subprocess.CompletedProcess) -> tuple[bool, dict, str | None]:
         report = work / f"prefix_tree_{dtype}.xml"
         if not report.exists():
@@ -174,7 +181,8 @@ def _pytest_figures(dtype: str) -> Callable[[argparse.Namespace, Path, subproces
                 "skipped" if case.find("skipped") is not None else "passed")  # fmt: skip
             outcome[kind].append(case.get("name", "?"))
         found = {"device": "cpu" if args.cpu else "cuda", "dtype": dtype, "tests": sum(map(len, outcome.values())),
-                 **{k: len(v) for k, v in outcome.items()}, "failed_tests": outcome["failed"], "skipped_tests": outcome["skipped"]}  # fmt: skip
+                 **{k: len(v) for k, v in outcome.items()},
+                 "failed_tests": outcome["failed"], "skipped_tests": outcome["skipped"]}  # fmt: skip
         passed = done.returncode == 0 and not outcome["failed"] and bool(outcome["passed"])
         return passed, found, None if passed else f"pytest exit status {done.returncode}, {len(outcome['failed'])} failed"
 
@@ -191,8 +199,8 @@ def _train_command(args: argparse.Namespace, work: Path) -> tuple[list[str], dic
 def _train_figures(args: argparse.Namespace, work: Path, done: subprocess.CompletedProcess) -> tuple[bool, dict, str | None]:
     """The round's log lines and advantages, read from the run directory."""
     run = work / "train"
-    found: dict[str, Any] = {"exit_status": done.returncode,
-                             "said": [line for line in done.stdout.splitlines() if line.startswith(("memory (seal plan", "grpo.bf16"))]}  # fmt: skip
+    said = [line for line in done.stdout.splitlines() if line.startswith(("memory (seal plan", "grpo.bf16"))]  # the device
+    found: dict[str, Any] = {"exit_status": done.returncode, "said": said}
     lines = _jsonl(run / "metrics.jsonl")
     rollout = [m for m in lines if m.get("kind", "rollout") == "rollout"]
     update = [m for m in lines if m.get("kind") == "update"]
@@ -208,11 +216,14 @@ def _train_figures(args: argparse.Namespace, work: Path, done: subprocess.Comple
     found["rewards"] = [e.get("reward") for e in episodes]
     found["advantages_before"] = [e.get("advantage_before") for e in episodes]
     found["advantages_after"] = [e.get("advantage_after") for e in episodes]
-    found["nonzero_advantages"] = sum(1 for a in found["advantages_after"] if a)
+    finite = [a for a in found["advantages_after"] if isinstance(a, (int, float)) and math.isfinite(a)]
+    found["nonzero_advantages"] = sum(1 for a in finite if a != 0)
     packed = bool(update) and 0 < update[-1].get("update/policy/forwarded_tokens", 0) < update[-1].get("update/policy/rows_tokens", 0)
     found["packed"] = packed
-    why = ([f"seal train exit status {done.returncode}"] if done.returncode else []) + (
-        [] if found["nonzero_advantages"] else ["every advantage is 0"]) + ([] if packed else ["the update packed no shared prefix"])  # fmt: skip
+    why = [f"seal train exit status {done.returncode}"] if done.returncode else []
+    why += [] if found["nonzero_advantages"] else ["every advantage is 0"]
+    why += [] if len(finite) == len(episodes) else ["an advantage is missing or not finite"]
+    why += [] if packed else ["the update packed no shared prefix"]
     return not why, found, "; ".join(why) or None
 
 
@@ -496,7 +507,8 @@ def check_update(cpu: bool, work: Path) -> dict[str, Any]:
     found: dict[str, Any] = {"model": shapes.name, "parameters": sum(p.numel() for p in model.parameters()),
                              "prompt_tokens": shapes.prompt_tokens, "completion_tokens": list(shapes.completion_tokens),
                              "held_tokens": batch["held"], "padded_tokens": batch["ids"].numel(),
-                             "weights_dtype": shapes.config["torch_dtype"], "autocast": "bf16", "gradient_checkpointing": True}  # fmt: skip
+                             "weights_dtype": shapes.config["torch_dtype"], "autocast": "bf16",
+                             "gradient_checkpointing": True}  # fmt: skip
     old = {}
     for path, shared in (("shared", True), ("trl", False)):
         trainer.seal.recipe.shared_prefix = shared
