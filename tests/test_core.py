@@ -72,3 +72,35 @@ def test_seal_eval_with_the_oracle_writes_results_and_a_report_without_torch(tmp
     imported = {line.split("|")[-1].strip().partition(".")[0] for line in (done.stderr + report.stderr).splitlines()
                 if line.startswith("import time:")}  # fmt: skip
     assert "seal_rl" in imported and not imported & TRAIN_MODULES, sorted(imported & TRAIN_MODULES)
+
+
+HIDE_TRAIN = """
+import sys
+for name in ("torch", "transformers", "trl", "accelerate", "datasets"):
+    sys.modules[name] = None  # as if the train extra were not installed: importing them fails
+sys.argv = ["seal", *sys.argv[1:]]
+from seal_rl.cli import main
+main()
+"""
+
+
+def test_a_command_that_needs_the_train_extra_says_so_in_one_line(tmp_path):
+    """Without torch and transformers, each command that needs them exits 2 with one line naming the
+    extra, before it downloads or writes anything; the core's commands still run."""
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "SEAL_CACHE_DIR": str(tmp_path / "cache")}
+    commands = [
+        ["train", "--config", "smoke-cpu", "--out", "train"],
+        ["sft", "--config", "demo-cpu", "--out", "sft"],
+        ["eval", "--policy", "hf:smollm2-135m-instruct", "--tasks", "multi_turn_base_0", "--out", "eval-hf"],
+        ["models", "pull", "smollm2-135m-instruct"],
+    ]
+    for command in commands:
+        done = subprocess.run([sys.executable, "-c", HIDE_TRAIN, *command], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (command, done.stderr[-2000:])
+        assert lines[0].startswith("error: ") and "pip install 'seal-rl[train]'" in lines[0], (command, lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] and not any((tmp_path / "cache").rglob("*.whl"))
+    oracle = subprocess.run([sys.executable, "-c", HIDE_TRAIN, "eval", "--policy", "oracle", "--tasks", "multi_turn_base_0",
+                             "--out", "eval"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert oracle.returncode == 0, oracle.stderr[-2000:]

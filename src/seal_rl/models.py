@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.extras import require_train
 from seal_rl.stops import message_stops
 
 MANIFEST = "seal-model.json"
@@ -254,6 +255,7 @@ def pull(name: str, *, cache: Path | None = None, progress: Progress | None = No
     with _store(cache, name, card.disk_bytes) as (final, work):
         if final is None:
             return cache / name, False
+        require_train(f"Pulling {name} (converting it with transformers)")
         wheels = work / "wheels"
         wheels.mkdir()
         downloaded = []
@@ -289,6 +291,7 @@ def import_gguf(file: Path, name: str, *, cache: Path | None = None, progress: P
     file = Path(file).expanduser()
     if not file.is_file():
         raise SealError(f"{file} is not a file; give the path of a .gguf file.")
+    require_train(f"Importing {file.name} (converting it with transformers)")
     cache = cache or models_dir()
     report = progress or (lambda *_: None)
     with _store(cache, name, 3 * file.stat().st_size + 2 * 10**8) as (final, work):

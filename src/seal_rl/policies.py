@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from seal_rl.bfcl_results import DECODERS, ResultEntry, detect_decoder, fc_step_text, read_result_file, result_files
 from seal_rl.errors import SealError
+from seal_rl.extras import require_train
 from seal_rl.faults import FAULT_TYPES, oracle_transcript
 from seal_rl.interface import Message
 from seal_rl.models import resolve_model
@@ -348,6 +349,8 @@ def parse_policy(spec: str) -> Policy:
     kind, _, rest = spec.partition(":")
     if kind == "openai":
         return ServerPolicy(*parse_server_spec(rest))
+    if kind in ("vllm", "hf"):
+        require_train(f"--policy {kind}:")
     if kind == "vllm":
         path = Path(resolve_model(rest)).expanduser() if rest else Path()
         if not rest or not (path / "config.json").exists():
