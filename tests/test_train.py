@@ -120,7 +120,7 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
     grpo = yaml.safe_load(config.read_text())["grpo"]
     for key in ("vllm_importance_sampling_correction", "use_bias_correction_kl", "weight_decay", "save_total_limit"):
         assert key in grpo, f"{config.name} leaves {key} to a default"
-    assert grpo["per_device_train_batch_size"] == 1 and grpo["save_total_limit"] >= 1
+    assert grpo["per_device_train_batch_size"] == "auto" and grpo["save_total_limit"] >= 1  # the largest group-aligned size that fits
 
 
 @pytest.mark.parametrize(
