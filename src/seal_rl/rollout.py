@@ -1,10 +1,17 @@
 """The episode driver: many episodes at once against one generator, token-exact samples out.
 
-Each tick the driver asks the generator for the next assistant message of every active episode
-(one batched call), steps each episode's environment with it, and extends its token-exact
-:class:`~seal_rl.trajectory.Trajectory`. Episodes start as others finish, up to ``concurrency``.
-Generators that answer requests one at a time in the background (:class:`StreamingGenerator`:
-HTTP servers) are not ticked: each episode is stepped as soon as its own answer arrives.
+The driver plays up to ``concurrency`` episodes at once: it asks the generator for each active
+episode's next assistant message, steps that episode's environment with it, and extends its
+token-exact :class:`~seal_rl.trajectory.Trajectory`. Episodes start as others finish. How the
+asking is scheduled (``scheduler``, the recipe's ``rollout_scheduler``):
+
+* ``continuous``: no episode waits for another. Engines that admit requests between decoding
+  steps (:class:`ContinuousGenerator`: transformers, vLLM) get each episode's request as soon as
+  its environment has stepped and hand back each message as it ends; generators that answer in the
+  background (:class:`StreamingGenerator`: HTTP servers) step each episode as its own answer arrives.
+* ``lockstep``: ticks. Each tick asks for the next message of every active episode in one batched
+  call (:class:`Generator`), waits for all of them, then steps every episode.
+* ``auto`` (the default): ``continuous`` where the generator can, else ``lockstep``.
 
 The generators themselves (transformers, vLLM, OpenAI-compatible servers, scripts, simulations)
 live in :mod:`seal_rl.generators`; this module holds only the driver and the types it speaks.
@@ -83,6 +90,10 @@ class Generation:
     with ``end_reason="generation_error"`` and is excluded from success rates, not failed"""
 
 
+SCHEDULERS = ("continuous", "lockstep")
+"""the rollout schedulers a user can choose (``auto``: continuous where the generator can)"""
+
+
 class Generator(Protocol):
     """Answers a batch of requests, in order; ``None`` for an episode means "nothing more to say"."""
 
@@ -94,6 +105,22 @@ class StreamingGenerator(Generator, Protocol):
     servers). The driver then steps each episode as soon as its own answer arrives."""
 
     def submit(self, request: Request, seed: int) -> Future[Generation | None]: ...
+
+
+class ContinuousGenerator(Generator, Protocol):
+    """A generator whose engine admits requests between decoding steps (continuous batching)."""
+
+    continuous_unsupported: str | None
+    """why this engine cannot run continuously after all (a model's cache layout, a parallel
+    layout), or None"""
+    decode_steps: int
+    """decoding steps (forward passes that generated tokens) so far"""
+
+    def add(self, request: Request, seed: int) -> None:
+        """Queue ``request``; it starts decoding at the next :meth:`step` with room."""
+
+    def step(self) -> list[tuple[int, Generation | None]]:
+        """One decoding step; the ``(episode, message)`` pairs that ended with it."""
 
 
 @dataclass
@@ -117,15 +144,62 @@ class _Active:
     extra: dict[str, Any] = field(default_factory=dict)
     seconds_env: float = 0.0
     prompt_ids: list[int] | None = None  # what the pending message is generated from
+    started: float = 0.0
 
 
 @dataclass
 class DriverStats:
-    """Where the driver's time went (seconds)."""
+    """Where the driver's time went (seconds), and how full the engine was."""
 
     generation: float = 0.0
     environment: float = 0.0
     ticks: int = 0
+    scheduler: str = ""
+    """the scheduler that ran: ``continuous`` or ``lockstep``"""
+    tokens: int = 0
+    """model tokens generated"""
+    decode_steps: int = 0
+    """decoding steps the engine ran (0: the generator does not say, e.g. an HTTP server)"""
+    wall: float = 0.0
+    """seconds from the first episode's start to the last one's end"""
+    longest_episode: float = 0.0
+    """seconds the longest episode took, from its start to its end"""
+
+    @property
+    def occupancy(self) -> float | None:
+        """Mean requests in flight per decoding step (tokens generated per step); None if unknown."""
+        return self.tokens / self.decode_steps if self.decode_steps else None
+
+    @property
+    def longest_share(self) -> float | None:
+        """The longest episode's share of the wall time (1.0: one episode set the round's length)."""
+        return self.longest_episode / self.wall if self.wall else None
+
+    def summary(self) -> dict[str, Any]:
+        """What the round log records of the rollout."""
+        return {
+            "scheduler": self.scheduler, "tokens": self.tokens, "decode_steps": self.decode_steps,
+            "occupancy": None if self.occupancy is None else round(self.occupancy, 3),
+            "longest_share": None if self.longest_share is None else round(self.longest_share, 3),
+        }  # fmt: skip
+
+
+def resolve_scheduler(generator: Generator, scheduler: str = "auto") -> str:
+    """The scheduler that ``generator`` will run under for the choice ``scheduler``
+    (``continuous``, ``lockstep`` or ``auto``); a one-line error for a choice it cannot run."""
+    if scheduler not in (*SCHEDULERS, "auto"):
+        raise SealError(f"Unknown rollout scheduler {scheduler!r}; choose one of: {', '.join(SCHEDULERS)}, auto.")
+    if scheduler == "lockstep":
+        return "lockstep"
+    if hasattr(generator, "submit"):
+        return "continuous"
+    reason = getattr(generator, "continuous_unsupported", None) if hasattr(generator, "step") else (
+        f"{type(generator).__name__} answers whole batches only (it has no add/step)")
+    if reason is None:
+        return "continuous"
+    if scheduler == "continuous":
+        raise SealError(f"rollout_scheduler continuous cannot run here: {reason}. Choose rollout_scheduler: lockstep (or auto).")
+    return "lockstep"
 
 
 def run_episodes(
@@ -139,6 +213,7 @@ def run_episodes(
     seed: int = 0,
     on_done: Callable[[Rollout], None] | None = None,
     stats: DriverStats | None = None,
+    scheduler: str = "auto",
 ) -> list[Rollout]:
     """Play episodes ``(index, task, extra record fields)`` to their ends; rollouts in input order.
 
@@ -146,11 +221,16 @@ def run_episodes(
     ``seal_rl.service.RemoteEnv`` for a remote service) are reset and reused.
 
     With ``chat`` (token-level generators), every episode also yields its token-exact
-    trajectory. ``seed`` and the tick number seed each generator call, so a rerun is identical.
+    trajectory. ``seed`` seeds every generator call (with the tick number under ``lockstep``, with
+    the episode and its call number otherwise), so a rerun is identical. ``scheduler``: see the
+    module docstring; the one that ran is in ``stats.scheduler``.
     """
     if concurrency < 1:
         raise SealError(f"concurrency must be at least 1, got {concurrency}.")
     stats = stats if stats is not None else DriverStats()
+    stats.scheduler = resolve_scheduler(generator, scheduler)
+    steps_before = getattr(generator, "decode_steps", 0)
+    began = time.perf_counter()
     pending = iter(episodes)
     free: list[BfclEnv] = []  # finished environments, reset for the next episode
     active: list[_Active] = []
@@ -158,6 +238,7 @@ def run_episodes(
     order: list[int] = []
 
     def finish(state: _Active) -> None:
+        stats.longest_episode = max(stats.longest_episode, time.perf_counter() - state.started)
         record = {"index": state.index, **state.env.record(), **state.extra}
         rollout = Rollout(state.index, record, state.trajectory, state.seconds_env)
         finished[state.index] = rollout
@@ -181,7 +262,7 @@ def run_episodes(
                 trajectory = chat.start(env.messages)
                 if len(trajectory.prompt_ids) > budgets.max_prompt_tokens:
                     env.truncate("prompt_budget")
-            state = _Active(index, task, env, trajectory, observation, info, extra, time.perf_counter() - started)
+            state = _Active(index, task, env, trajectory, observation, info, extra, time.perf_counter() - started, started=started)
             if env.done:
                 finish(state)
             else:
@@ -198,6 +279,8 @@ def run_episodes(
 
     def advance(state: _Active, generation: Generation | None) -> bool:
         """Step ``state`` with its generation; True while the episode goes on."""
+        if generation is not None and generation.token_ids is not None:
+            stats.tokens += len(generation.token_ids)
         began = time.perf_counter()
         _advance(state, generation, chat, budgets)
         state.seconds_env += time.perf_counter() - began
@@ -207,14 +290,18 @@ def run_episodes(
         return True
 
     try:
-        if hasattr(generator, "submit"):
+        if stats.scheduler == "lockstep":
+            _lockstep(generator, admit, active, request, advance, seed, stats)
+        elif hasattr(generator, "submit"):
             _stream(generator, admit, active, request, advance, seed, stats)
         else:
-            _lockstep(generator, admit, active, request, advance, seed, stats)
+            _continuous(generator, admit, active, request, advance, seed, stats)
     finally:
         for env in free + [state.env for state in active]:
             if hasattr(env, "close"):  # remote environments release their episodes
                 env.close()
+        stats.wall += time.perf_counter() - began
+        stats.decode_steps += getattr(generator, "decode_steps", 0) - steps_before
     return [finished[index] for index in order]
 
 
@@ -269,6 +356,41 @@ def _stream(generator: StreamingGenerator, admit, active, request, advance, seed
             if not advance(state, generation):
                 active[:] = [a for a in active if a is not state]
         submit_new()
+        stats.environment += time.perf_counter() - started
+
+
+def _continuous(generator: ContinuousGenerator, admit, active, request, advance, seed: int, stats: DriverStats) -> None:
+    """Keep one request per active episode in the engine; step each episode as soon as its message ends.
+
+    Everything runs on this thread: the engine takes one decoding step at a time, and between
+    steps the driver steps the episodes whose messages ended and hands the engine their next
+    requests. Seeds are per episode and call, as for streaming generators.
+    """
+    asked: dict[int, _Active] = {}  # episodes with a request in the engine
+    calls: dict[int, int] = {}
+
+    def add_new() -> None:
+        admit()
+        for state in active:
+            if state.index not in asked:
+                asked[state.index] = state
+                calls[state.index] = calls.get(state.index, 0) + 1
+                generator.add(request(state), derived_seed(seed, state.index, calls[state.index]))
+
+    add_new()
+    while asked:
+        started = time.perf_counter()
+        ended = generator.step()
+        stats.generation += time.perf_counter() - started
+        stats.ticks += 1
+        if not ended:
+            continue
+        started = time.perf_counter()
+        for index, generation in ended:
+            state = asked.pop(index)
+            if not advance(state, generation):
+                active[:] = [a for a in active if a is not state]
+        add_new()
         stats.environment += time.perf_counter() - started
 
 

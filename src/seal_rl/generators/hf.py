@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from seal_rl.errors import SealWarning
+from seal_rl.generators.decode_batch import DecodeBatch, Row
 from seal_rl.generators.lockstep import Lockstep
 from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS, PrefixCache, supports_prefix_cache
 from seal_rl.rollout import Generation, Request
@@ -15,7 +16,14 @@ from seal_rl.trajectory import ChatTokens
 
 
 class HFGenerator:
-    """transformers ``generate`` on token ids: left-padded batches, sampling or greedy.
+    """transformers on token ids, sampling or greedy, under either rollout scheduler.
+
+    Continuous (:meth:`add` / :meth:`step`, :mod:`seal_rl.generators.decode_batch`): each request
+    joins a decoding batch of at most ``max_batch`` rows as soon as it is asked, and leaves it as
+    soon as its message ends; every :meth:`step` is one forward pass of the whole batch. Sampling
+    draws from a generator seeded per request, so a message does not depend on which others shared
+    its steps. Lockstep (:meth:`generate`): one ``generate`` per batch of up to ``max_batch``
+    requests, left-padded, seeded per call.
 
     With ``lockstep`` (sharded weights on several ranks: FSDP, ZeRO-3) every forward pass is a
     collective, so the ranks agree before each tick on how many ``generate`` calls it takes, run
@@ -50,6 +58,13 @@ class HFGenerator:
         self.max_batch = max_batch
         self.lockstep = lockstep
         self.prefix_cache: PrefixCache | None = None
+        self.decode_steps = 0
+        """forward passes that generated tokens so far (each ``generate`` call counts its longest message)"""
+        self._batch = DecodeBatch(model)
+        self._waiting: list[Row] = []
+        self.continuous_unsupported = None if supports_prefix_cache(model) else (
+            f"{type(model).__name__} has cache layers that cannot be cut and joined (sliding-window or linear attention)")
+        """why :meth:`add`/:meth:`step` cannot run on this model, or None"""
         if prefix_cache_tokens > 0 and lockstep is None:
             if supports_prefix_cache(model):
                 self.prefix_cache = PrefixCache(model, prefix_cache_tokens)
@@ -68,6 +83,86 @@ class HFGenerator:
                 out += self._generate(batches[call], seed + call * self.max_batch)
             else:
                 self._idle_call()
+        return out
+
+    def add(self, request: Request, seed: int) -> None:
+        """Queue ``request``; it joins the decoding batch at the next :meth:`step` with room."""
+        import torch
+
+        rng = None
+        if self.temperature > 0:
+            rng = torch.Generator(device=next(self.model.parameters()).device)
+            rng.manual_seed(seed)
+        self._waiting.append(Row(request.episode, list(request.prompt_ids), request.max_new_tokens, rng))
+
+    def step(self) -> list[tuple[int, Generation | None]]:
+        """Admit waiting requests while the batch has room, run one forward pass, and return the
+        messages that ended with it, as ``(episode, generation)``.
+
+        Under ``lockstep`` the ranks first agree on the forward passes of this step (each admitted
+        prompt is prefilled in its own pass, then one pass decodes): a rank with fewer makes
+        one-token passes to match."""
+        import torch
+
+        admitted = self._waiting[: max(0, self.max_batch - len(self._batch))]
+        del self._waiting[: len(admitted)]
+        passes = len(admitted) + bool(admitted or self._batch)
+        if self.lockstep is not None:
+            spare = _most(self.lockstep.exchange(passes)) - passes
+        ended: list[tuple[int, Generation | None]] = []
+        with torch.no_grad(), _eval_mode(self.model):
+            if admitted and self.prefix_cache is not None:
+                self.prefix_cache.refresh()
+            states = []
+            for row in list(admitted):
+                state = self._prompt_states(row.prompt) if len(row.prompt) > 1 else None
+                if state is None:
+                    admitted.remove(row)
+                    ended.append((row.key, Generation("", error="the prompt has fewer than 2 tokens or the model kept no cache")))
+                else:
+                    states.append(state)
+            self._batch.admit(admitted, states)
+            if self._batch:
+                logits = self._batch.forward()
+                self.decode_steps += 1
+                ended += self._take(logits)
+            if self.lockstep is not None:
+                for _ in range(spare):
+                    self._idle_call()
+        return ended
+
+    def _prompt_states(self, prompt: list[int]) -> list | None:
+        """States of ``prompt`` except its last token: from the prefix cache, else one forward pass."""
+        import torch
+        from transformers import DynamicCache
+
+        if self.prefix_cache is not None:
+            return self.prefix_cache.prompt_states(prompt)
+        cache = DynamicCache(config=self.model.config)
+        device = next(self.model.parameters()).device
+        self.model(input_ids=torch.tensor([prompt[:-1]], device=device), past_key_values=cache, use_cache=True)
+        return [(layer.keys, layer.values) for layer in cache.layers] if cache.get_seq_length() == len(prompt) - 1 else None
+
+    def _take(self, logits: Any) -> list[tuple[int, Generation]]:
+        """Choose each row's next token (greedy, or sampled as ``generate`` samples: temperature, then
+        top-p), and release the rows whose messages ended (an end-of-message token, or the budget)."""
+        import torch
+
+        if self.temperature > 0:
+            scores = logits.float() / self.temperature
+            if self.top_p < 1.0:
+                scores = _top_p(scores, self.top_p)
+            probs = torch.softmax(scores, dim=-1)
+            chosen = [int(torch.multinomial(probs[i], 1, generator=row.rng)) for i, row in enumerate(self._batch.rows)]
+        else:
+            chosen = logits.argmax(dim=-1).tolist()
+        ended, out = set(), []
+        for i, (row, token) in enumerate(zip(self._batch.rows, chosen, strict=True)):
+            row.generated.append(token)
+            if token in self.chat.eos_ids or len(row.generated) >= row.budget:
+                ended.add(i)
+                out.append((row.key, Generation(self.chat.decode(row.generated), list(row.generated))))
+        self._batch.release(ended)
         return out
 
     def close(self) -> None:
@@ -123,6 +218,7 @@ class HFGenerator:
                 synced_gpus=self.lockstep is not None,
             )
         generations = []
+        self.decode_steps += output.shape[1] - width
         for row, request in enumerate(batch):
             ids = output[row, width:].tolist()
             ids = ids[: request.max_new_tokens]
@@ -141,6 +237,18 @@ def _eval_mode(model: Any) -> Iterator[None]:
         yield
     finally:
         model.train(training)
+
+
+def _top_p(scores: Any, top_p: float) -> Any:
+    """Nucleus filtering as transformers' ``TopPLogitsWarper``: keep the smallest set of tokens whose
+    probability reaches ``top_p`` (always the most likely one); the rest get ``-inf``."""
+    import torch
+
+    ordered, order = torch.sort(scores, descending=False)
+    cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= (1 - top_p)
+    drop[..., -1:] = False
+    return scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
 def _most(counts: list[int | None]) -> int:

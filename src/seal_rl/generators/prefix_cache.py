@@ -123,20 +123,32 @@ class PrefixCache:
         """Drop every entry (call after changing weights in a way the fingerprint cannot see)."""
         self._entries.clear()
 
-    def past_key_values(self, prompts: Sequence[Sequence[int]]) -> Any:
-        """One left-padded ``DynamicCache`` holding every prompt's states except its last token's,
-        for ``generate(input_ids=<the prompts left-padded>, attention_mask=..., past_key_values=...)``;
-        None when a prompt has a single token or the model did not fill the cache."""
-        import torch
-        from transformers import DynamicCache
-
+    def refresh(self) -> None:
+        """Empty the cache if the weights changed since the last call (see the module docstring)."""
         fingerprint = weights_fingerprint(self.model)
         if fingerprint != self._fingerprint:
             self.clear()
             self._fingerprint = fingerprint
+
+    def prompt_states(self, prompt: Sequence[int]) -> list[tuple[Any, Any]] | None:
+        """Per layer ``(keys, values)`` ``[1, heads, len(prompt) - 1, dim]`` of ``prompt`` except its
+        last token, from the longest kept prefix plus a forward pass over the rest (call
+        :meth:`refresh` first when the weights may have changed); None if the model did not fill the
+        cache."""
+        import torch
+
+        return self._states(torch.tensor(list(prompt)[:-1], dtype=torch.long))
+
+    def past_key_values(self, prompts: Sequence[Sequence[int]]) -> Any:
+        """One left-padded ``DynamicCache`` holding every prompt's states except its last token's,
+        for ``generate(input_ids=<the prompts left-padded>, attention_mask=..., past_key_values=...)``;
+        None when a prompt has a single token or the model did not fill the cache."""
+        from transformers import DynamicCache
+
+        self.refresh()
         if min(len(prompt) for prompt in prompts) < 2:
             return None
-        rows = [self._states(torch.tensor(list(prompt)[:-1], dtype=torch.long)) for prompt in prompts]
+        rows = [self.prompt_states(prompt) for prompt in prompts]
         if any(row is None for row in rows):
             return None
         width = max(len(prompt) for prompt in prompts) - 1
