@@ -420,3 +420,23 @@ def test_generation_during_training_sees_the_prompt(smollm2_dir):
         warnings.simplefilter("ignore")
         (during_training,) = generator.generate([request], seed=0)
     assert during_training.token_ids == reference.token_ids and model.training
+
+
+@pytest.mark.parametrize("name, tasks", [("smollm2_dir", 4), ("qwen_dir", 2)])
+def test_continuous_rollouts_give_the_lockstep_messages_on_the_real_models(request, task_set, name, tasks):
+    """Greedy episodes under the continuous scheduler equal lockstep ticks on SmolLM2 and
+    Qwen2.5-Coder (same tokens, stops and truncations), except at a logit near-tie."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seal_rl.rollout import DriverStats
+    from tests.schedulers import TASKS, differences, play
+
+    path = request.getfixturevalue(name)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model.eval()
+    budgets = Budgets(max_prompt_tokens=20000, max_completion_tokens=192, max_new_tokens=32)
+    stats = {s: DriverStats() for s in ("lockstep", "continuous")}
+    runs = {s: play(model, tokenizer, task_set, s, tasks=TASKS[:tasks], budgets=budgets, stats=stats[s]) for s in stats}
+    assert differences(model, runs["lockstep"], runs["continuous"]) == []
+    assert stats["continuous"].tokens == stats["lockstep"].tokens > 0
+    print(f"\n{name}: lockstep {stats['lockstep'].generation:.1f} s, continuous {stats['continuous'].generation:.1f} s of generation")

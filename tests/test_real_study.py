@@ -89,7 +89,8 @@ def test_the_smoke_fails_without_advantages_and_passes_with_them(study, tmp_path
     flat = _run(design, tmp_path / "flat", "--smoke")  # the untrained tiny model earns no reward: every advantage is 0
     assert flat.returncode == 1 and "every advantage is zero" in flat.stdout, flat.stdout[-2000:] + flat.stderr[-2000:]
     # scripted rollouts (half the ground truth, half plain text) give every group a reward spread
-    moving = _run(design, tmp_path / "moving", "--smoke", "--set", "generator=tests.generators:oracle_or_plain")
+    moving = _run(design, tmp_path / "moving", "--smoke", "--set", "generator=tests.generators:oracle_or_plain",
+                  "--set", "rollout_scheduler=auto")  # scripted generations answer whole batches: lockstep
     assert moving.returncode == 0, moving.stdout[-2000:] + moving.stderr[-2000:]
     assert "rollouts of" in moving.stdout and "carry a non-zero advantage" in moving.stdout
     assert not (tmp_path / "moving" / "vanilla-grpo").exists()  # the smoke is the SEAL arm alone

@@ -27,16 +27,24 @@ class Recording(HFGenerator):
             self.generated.setdefault(request.episode, []).append(generation.token_ids)
         return out
 
+    def step(self):
+        ended = super().step()
+        for episode, generation in ended:
+            self.generated.setdefault(episode, []).append(generation.token_ids)
+        return ended
 
+
+@pytest.mark.parametrize("scheduler", ["continuous", "lockstep"])
 @pytest.mark.parametrize("prompt_mode", ["bfcl_qwen_fc", "chat_template"])
-def test_samples_are_token_exact_and_the_mask_covers_exactly_the_generated_tokens(tiny, task_set, prompt_mode):
+def test_samples_are_token_exact_and_the_mask_covers_exactly_the_generated_tokens(tiny, task_set, prompt_mode, scheduler):
     model, tokenizer = tiny
     generator = Recording(model, tokenizer, temperature=1.0)
     chat = ChatTokens(tokenizer)
     tasks = [task_set.get("multi_turn_base_105"), task_set.get("multi_turn_miss_param_105")]
     budgets = Budgets(max_prompt_tokens=20000, max_completion_tokens=400, max_new_tokens=20)
     rollouts = run_episodes([(i, t, {}) for i, t in enumerate(tasks)], generator,
-                            lambda: BfclEnv(EnvConfig(prompt_mode=prompt_mode)), chat=chat, budgets=budgets)  # fmt: skip
+                            lambda: BfclEnv(EnvConfig(prompt_mode=prompt_mode)), chat=chat, budgets=budgets, scheduler=scheduler)  # fmt: skip
+    assert generator.generated
     for rollout, task in zip(rollouts, tasks):
         trajectory = rollout.trajectory
         assert len(trajectory.completion_ids) == len(trajectory.env_mask) == len(trajectory.logprobs)

@@ -361,19 +361,24 @@ def test_fsdp2_on_two_cpu_processes_matches_one_process_and_saves_a_model(uninte
     AutoModelForCausalLM.from_pretrained(out / "model")
 
 
-def test_fsdp2_ranks_generate_in_lockstep_with_the_model_itself(tmp_path):
+@pytest.mark.parametrize("scheduler", ["continuous", "lockstep"])
+def test_fsdp2_ranks_generate_in_lockstep_with_the_model_itself(tmp_path, scheduler):
     """The transformers generator on sharded weights: every forward pass is a collective, and ranks
     finish their episodes at different times (3 validation tasks over 2 ranks). Without the
-    lockstep protocol this run crashes on mismatched collectives (seen: gloo "connection reset")."""
+    lockstep protocol this run crashes on mismatched collectives (seen: gloo "connection reset");
+    under the continuous scheduler the ranks match forward passes, not ``generate`` calls (a
+    mismatch hangs)."""
     out = tmp_path / "fsdp-hf"
     port = _free_port()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
                "--main_process_port", port, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
                "--out", str(out), "--set", "grpo.max_steps=1", "grpo.per_device_train_batch_size=2", "eval.every_rounds=1",
-               "eval.holdout=3"]  # fmt: skip
+               "eval.holdout=3", f"rollout_scheduler={scheduler}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
+    (rollout,) = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "rollout"]
+    assert rollout["rollout/scheduler"] == scheduler and rollout["rollout/tokens"] > 0 and rollout["rollout/occupancy"] > 0
     validations = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "validation"]
     assert [v["round"] for v in validations] == [0, 1] and all(v["validation/episodes"] == 3 for v in validations)
     rows = _jsonl(out / "trajectories.jsonl")

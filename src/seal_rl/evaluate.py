@@ -42,7 +42,7 @@ from seal_rl.policies import BfclResultPolicy, Episode, ModelPolicy, OraclePolic
 from seal_rl.generators import HFGenerator, OpenAIGenerator, ScriptedGenerator, ServerSettings, VLLMEngineGenerator
 from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.runlock import run_lock
-from seal_rl.rollout import Budgets, Generator, run_episodes
+from seal_rl.rollout import SCHEDULERS, Budgets, Generator, resolve_scheduler, run_episodes
 from seal_rl.stats import mean_interval, pass_at_k, wilson
 from seal_rl.tasks import CATEGORIES
 from seal_rl.tools import ToolCatalog
@@ -166,6 +166,9 @@ class ModelSettings:
     """episodes played at once"""
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
     """hf: tokens of prompt KV states kept for reuse by later calls (shared-prefix cache; 0: off)"""
+    rollout_scheduler: str = "auto"
+    """``continuous`` (each episode asks as soon as it has stepped), ``lockstep`` (ticks) or ``auto``
+    (continuous where the generator can; :mod:`seal_rl.rollout`)"""
     seed: int = 0
     timeout: float = 120.0
     """openai: seconds per request before a retry"""
@@ -179,6 +182,8 @@ class ModelSettings:
     def __post_init__(self) -> None:
         if self.max_thinking_tokens < 0:
             raise SealError(f"--max-thinking-tokens must be >= 0 (0: no cap), got {self.max_thinking_tokens}.")
+        if self.rollout_scheduler not in (*SCHEDULERS, "auto"):
+            raise SealError(f"Unknown --rollout-scheduler {self.rollout_scheduler!r}; choose one of: {', '.join(SCHEDULERS)}, auto.")
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -347,6 +352,7 @@ def evaluate(
         owned = generator is None  # a generator made here is closed here (connections, threads)
         if generator is None:
             generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
+            resolve_scheduler(generator, settings.rollout_scheduler)  # refuse an impossible choice before any episode
         else:
             budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
                               max_new_tokens=settings.max_new_tokens, max_thinking_tokens=settings.max_thinking_tokens)  # fmt: skip
@@ -375,6 +381,7 @@ def evaluate(
                 run_episodes(
                     [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
                     chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
+                    scheduler=settings.rollout_scheduler,
                 )  # fmt: skip
             finally:
                 if owned and hasattr(generator, "close"):

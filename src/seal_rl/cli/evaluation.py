@@ -46,6 +46,7 @@ def eval_command(
     seed: Annotated[int, typer.Option(help="Model policies: sampling seed.")] = 0,
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
     prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
+    rollout_scheduler: Annotated[str, typer.Option(help="hf:/vllm:: continuous (each episode's next message starts as soon as it has stepped), lockstep (ticks: every episode waits for the slowest message), or auto (continuous where the engine can; docs/evaluation.md).")] = "auto",
     timeout: Annotated[float, typer.Option(help="openai: seconds per request before a retry.")] = 120.0,
     retries: Annotated[int, typer.Option(help="openai: retries before an episode is recorded as a generation error.")] = 4,
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
@@ -82,7 +83,7 @@ def eval_command(
         err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
     settings = ModelSettings(
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
-        prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens,
+        prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens, rollout_scheduler=rollout_scheduler,
         timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
     )  # fmt: skip
 

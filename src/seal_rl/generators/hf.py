@@ -76,7 +76,7 @@ class HFGenerator:
         import torch
 
         batches = [requests[start : start + self.max_batch] for start in range(0, len(requests), self.max_batch)]
-        calls = len(batches) if self.lockstep is None else _most(self.lockstep.exchange(len(batches)))
+        calls = len(batches) if self.lockstep is None else _most(self.lockstep.exchange(("calls", len(batches))))
         out: list[Generation | None] = []
         for call in range(calls):
             if call < len(batches):
@@ -108,7 +108,7 @@ class HFGenerator:
         del self._waiting[: len(admitted)]
         passes = len(admitted) + bool(admitted or self._batch)
         if self.lockstep is not None:
-            spare = _most(self.lockstep.exchange(passes)) - passes
+            spare = _most(self.lockstep.exchange(("passes", passes))) - passes
         ended: list[tuple[int, Generation | None]] = []
         with torch.no_grad(), _eval_mode(self.model):
             if admitted and self.prefix_cache is not None:
@@ -128,7 +128,7 @@ class HFGenerator:
                 ended += self._take(logits)
             if self.lockstep is not None:
                 for _ in range(spare):
-                    self._idle_call()
+                    self._idle_pass()
         return ended
 
     def _prompt_states(self, prompt: list[int]) -> list | None:
@@ -170,9 +170,21 @@ class HFGenerator:
         if self.lockstep is not None:
             self.lockstep.drain(self._idle_calls)
 
-    def _idle_calls(self, counts: list[int | None]) -> None:
-        for _ in range(_most(counts)):
-            self._idle_call()
+    def _idle_calls(self, gathered: list[tuple[str, int] | None]) -> None:
+        """Match the other ranks: their ``generate`` calls (lockstep ticks) or forward passes (:meth:`step`)."""
+        kind = next(payload[0] for payload in gathered if payload is not None)
+        idle = self._idle_pass if kind == "passes" else self._idle_call
+        for _ in range(_most(gathered)):
+            idle()
+
+    def _idle_pass(self) -> None:
+        """A one-token forward pass that takes part in the group's collectives and is thrown away
+        (what :meth:`step` makes; ``generate`` with ``synced_gpus`` adds collectives of its own)."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        with torch.no_grad(), _eval_mode(self.model):
+            self.model(input_ids=torch.tensor([[self.tokenizer.pad_token_id]], device=device), use_cache=False)
 
     def _idle_call(self) -> None:
         """A one-token ``generate`` that takes part in the group's collectives and is thrown away."""
@@ -251,6 +263,7 @@ def _top_p(scores: Any, top_p: float) -> Any:
     return scores.masked_fill(drop.scatter(1, order, drop), float("-inf"))
 
 
-def _most(counts: list[int | None]) -> int:
-    """The most ``generate`` calls any rank of the group needs this tick (finished ranks send None)."""
-    return max(n for n in counts if n is not None)
+def _most(gathered: list[tuple[str, int] | None]) -> int:
+    """The most ``generate`` calls (lockstep ticks) or forward passes (continuous steps) any rank of
+    the group makes this time; ranks whose episodes are all done send None."""
+    return max(payload[1] for payload in gathered if payload is not None)

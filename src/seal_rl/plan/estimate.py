@@ -184,7 +184,7 @@ def estimate(
     tasks) to the recipe's task selection, as ``seal train`` makes it. ``device="cpu"``: ``gpus``
     processes on one host, each with ``gpu_memory_gb`` of its RAM (see :func:`precision`).
     """
-    from seal_rl.train.recipe import batch_layout, samples_per_task
+    from seal_rl.train.recipe import batch_layout, planned_scheduler, samples_per_task
 
     if gpus < 1:
         raise SealError(f"--gpus must be at least 1; got {gpus}.")
@@ -229,6 +229,7 @@ def estimate(
         if strategy in ("zero3", "fsdp"):
             notes.append("generator hf under ZeRO-3/FSDP gathers the weights at every decoding step: far slower than estimated.")
 
+    notes.append(f"rollouts: scheduler {planned_scheduler(recipe)}; the generation estimate assumes the engine kept full.")
     if assumptions.gen_tokens_per_s is not None:
         gen_rate = assumptions.gen_tokens_per_s
     elif vllm is not None:

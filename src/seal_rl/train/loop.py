@@ -123,6 +123,7 @@ class SealLoop:
         self._update_marks: dict[str, float] = {}
         self.apatch_hook_calls = 0
         self._round_rollouts: list[dict[str, Any]] = []
+        self._round_driver: dict[str, Any] = {}
         self._round_started = time.perf_counter()
         self.validation = list(validation)
         self.best_validation = _best_validation(out)
@@ -156,6 +157,7 @@ class SealLoop:
         rollouts = run_episodes(
             mine, generator, lambda: BfclEnv(self.validation_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
+            scheduler=self.recipe.rollout_scheduler,
         )  # fmt: skip
         generator.close()
         model.train(training)
@@ -215,11 +217,13 @@ class SealLoop:
                 episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
                 budgets=self.budgets, concurrency=self.recipe.concurrency,
                 seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
+                scheduler=self.recipe.rollout_scheduler,
             )  # fmt: skip
         if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
             generator.close()
         self.timing["generation"] += stats.generation
         self.timing["environment"] += stats.environment
+        self._round_driver = stats.summary()  # this rank's; logged by the main rank
 
         began = time.perf_counter()
         local = []
@@ -339,6 +343,7 @@ class SealLoop:
                        indent=1) + "\n"  # fmt: skip
         )
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
+        metrics.update({f"rollout/{key}": value for key, value in self._round_driver.items()})
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             jsonl.append(handle, metrics)
         for name, value in scalar_metrics(metrics).items():  # to every report_to backend at TRL's next log

@@ -30,7 +30,7 @@ from seal_rl.errors import SealError
 from seal_rl.generators.prefix_cache import DEFAULT_MAX_TOKENS as DEFAULT_PREFIX_CACHE_TOKENS
 from seal_rl.interface import InterfaceConfig, InterfaceState
 from seal_rl.protocol import PROTOCOLS
-from seal_rl.rollout import Budgets
+from seal_rl.rollout import SCHEDULERS, Budgets
 from seal_rl.sft import WarmStartConfig, check_source
 
 
@@ -201,6 +201,12 @@ class SealRecipe:
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
     or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
+    rollout_scheduler: str = "auto"
+    """``continuous`` (each episode asks for its next message as soon as its environment has stepped;
+    the engine batches whatever is pending at every decoding step), ``lockstep`` (ticks: every
+    active episode's next message in one batched call, all waiting for the slowest), or ``auto``
+    (continuous where the generator can: hf on full-attention models, vllm without tensor
+    parallelism). See docs/training.md"""
     concurrency: int = 64
     """episodes played at once per rank"""
     generation_batch: int = 16
@@ -317,7 +323,26 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError(f"shared_prefix must be auto, true or false; got {recipe.shared_prefix!r}.")
     if recipe.prefix_cache_tokens < 0:
         raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
+    if recipe.rollout_scheduler not in (*SCHEDULERS, "auto"):
+        raise SealError(f"Unknown rollout_scheduler {recipe.rollout_scheduler!r}; choose one of: {', '.join(SCHEDULERS)}, auto.")
+    if recipe.rollout_scheduler == "continuous" and g.use_vllm and g.vllm_tensor_parallel_size > 1:
+        raise SealError("rollout_scheduler continuous cannot run with grpo.vllm_tensor_parallel_size > 1 (the TP group's "
+                        "ranks must call the engine together); choose rollout_scheduler: lockstep (or auto).")  # fmt: skip
     check_report_to(g.report_to)
+
+
+def planned_scheduler(recipe: SealRecipe) -> str:
+    """How the recipe's rollouts will be scheduled, in words (``seal train``'s banner, ``seal plan``);
+    the round log says which scheduler actually ran."""
+    chosen = recipe.rollout_scheduler
+    if chosen == "lockstep":
+        return "lockstep (ticks: every active episode waits for the slowest message)"
+    if recipe.generator not in ("hf", "vllm"):
+        return f"{chosen}: continuous if the {recipe.generator} generator has add/step" + (", else lockstep" if chosen == "auto" else "")
+    if recipe.generator == "vllm" and recipe.grpo.vllm_tensor_parallel_size > 1:
+        return "lockstep (auto: a tensor-parallel vLLM group calls its engine together)"
+    where = " where the model's cache layers allow (full attention), else lockstep" if recipe.generator == "hf" and chosen == "auto" else ""
+    return f"continuous ({recipe.generator} batches whatever requests are pending at every decoding step{where})"
 
 
 BF16_CPU_FEATURES = ("amx_bf16", "avx512_bf16")

@@ -27,7 +27,7 @@ from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
-from seal_rl.train.recipe import SealRecipe, batch_layout, resolve_bf16, samples_per_task
+from seal_rl.train.recipe import SealRecipe, batch_layout, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
     read_metrics, save_model,
@@ -255,5 +255,6 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         "  update: " + {True: "shared prefixes on", False: "shared prefixes off (TRL forwards every sample whole)",
                         "auto": "shared prefixes auto"}[recipe.shared_prefix]  # fmt: skip
         + ("" if recipe.shared_prefix is False else " (each micro-batch forwarded once as a prefix tree; the round log counts the tokens)"),
+        f"  rollouts: generator {recipe.generator}, scheduler {planned_scheduler(recipe)}",
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip
