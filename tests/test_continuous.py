@@ -147,12 +147,18 @@ def test_scheduler_choices_and_one_line_errors(tiny, task_set):
 
 def test_recipes_refuse_unknown_and_impossible_schedulers():
     from seal_rl.train import load_recipe
+    from seal_rl.train.recipe import planned_scheduler
 
     with pytest.raises(SealError, match="Unknown rollout_scheduler 'fifo'; choose one of: continuous, lockstep, auto"):
         load_recipe("smoke-cpu", ["rollout_scheduler=fifo"])
+    paper = ["model.path=preset:qwen2.5-7b"]
     with pytest.raises(SealError, match="vllm_tensor_parallel_size > 1"):
-        load_recipe("paper-qwen2.5-7b", ["model.path=preset:qwen2.5-7b", "grpo.vllm_tensor_parallel_size=2"])
-    assert load_recipe("real-cpu").rollout_scheduler == "continuous"
+        load_recipe("paper-qwen2.5-7b", [*paper, "grpo.vllm_tensor_parallel_size=2", "rollout_scheduler=continuous"])
+    # the GPU recipes say auto: continuous on one GPU per engine, lockstep (said so) when TP is raised
+    assert planned_scheduler(load_recipe("paper-qwen2.5-7b", paper)).startswith("continuous (vllm")
+    assert planned_scheduler(load_recipe("paper-qwen2.5-7b", [*paper, "grpo.vllm_tensor_parallel_size=2"])).startswith("lockstep")
+    assert planned_scheduler(load_recipe("gpt-oss-20b", ["model.path=preset:gpt-oss-20b"])).startswith("lockstep")
+    assert load_recipe("real-cpu").rollout_scheduler == load_recipe("real-study-cpu").rollout_scheduler == "continuous"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -55,7 +55,7 @@ class DecodeBatch:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.rows: list[Row] = []
-        self._layers: list[tuple[Any, Any]] = []  # per layer (keys, values), [rows, heads, width, dim]
+        self._cache: Any = None  # a DynamicCache, per layer keys and values [rows, heads, width, dim]
         self._mask: Any = None  # [rows, width] long, 1 where the column holds a real token
 
     def __len__(self) -> int:
@@ -66,6 +66,14 @@ class DecodeBatch:
         """Columns of the cache (the longest row's real tokens, plus padding)."""
         return 0 if self._mask is None else int(self._mask.shape[1])
 
+    def _layers(self) -> list[tuple[Any, Any]]:
+        return [(layer.keys, layer.values) for layer in self._cache.layers] if self._cache is not None else []
+
+    def _set(self, layers: list[tuple[Any, Any]]) -> None:
+        from transformers import DynamicCache
+
+        self._cache = DynamicCache(layers, config=self.model.config) if layers else None
+
     def admit(self, rows: list[Row], states: list[list[tuple[Any, Any]]]) -> None:
         """Add ``rows``, each with per-layer ``(keys, values)`` ``[1, heads, n, dim]`` of its prompt
         except the last token (``n = len(prompt) - 1``)."""
@@ -75,12 +83,13 @@ class DecodeBatch:
             return
         device = states[0][0][0].device
         width = max([self.width] + [s[0][0].shape[2] for s in states])
+        current = self._layers()
         layers = []
         for layer in range(len(states[0])):
             parts = []
             for part in (0, 1):
                 new = [s[layer][part] for s in states]
-                old = [_left_pad(self._layers[layer][part], width)] if self._layers else []
+                old = [_left_pad(current[layer][part], width)] if current else []
                 parts.append(torch.cat(old + [_left_pad(t, width) for t in new]))
             layers.append((parts[0], parts[1]))
         masks = [_left_pad_mask(self._mask, width)] if self._mask is not None else []
@@ -88,23 +97,21 @@ class DecodeBatch:
             n = s[0][0].shape[2]
             masks.append(torch.cat([torch.zeros(1, width - n, dtype=torch.long, device=device),
                                     torch.ones(1, n, dtype=torch.long, device=device)], dim=1))  # fmt: skip
-        self._layers, self._mask = layers, torch.cat(masks)
+        self._set(layers)
+        self._mask = torch.cat(masks)
         self.rows += rows
 
     def forward(self) -> Any:
         """Feed every row its next token (one forward pass); the next-token logits ``[rows, vocab]``."""
         import torch
-        from transformers import DynamicCache
 
         device = self._mask.device
         ids = torch.tensor([[row.next_token] for row in self.rows], dtype=torch.long, device=device)
         positions = self._mask.sum(dim=1, keepdim=True)
         attention = torch.cat([self._mask, torch.ones_like(positions)], dim=1)
-        cache = DynamicCache(self._layers, config=self.model.config)
         extra = {"logits_to_keep": 1} if _takes_logits_to_keep(self.model) else {}
-        output = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                            use_cache=True, **extra)  # fmt: skip
-        self._layers = [(layer.keys, layer.values) for layer in cache.layers]
+        output = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=self._cache,
+                            use_cache=True, **extra)  # fmt: skip  (the cache grows by one column in place)
         self._mask = attention
         return output.logits[:, -1]
 
@@ -117,14 +124,14 @@ class DecodeBatch:
         keep = [i for i in range(len(self.rows)) if i not in ended]
         self.rows = [self.rows[i] for i in keep]
         if not keep:
-            self._layers, self._mask = [], None
+            self._cache, self._mask = None, None
             return
         index = torch.tensor(keep, device=self._mask.device)
         mask = self._mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else mask.shape[1]
         self._mask = mask[:, start:]
-        self._layers = [(k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:]) for k, v in self._layers]
+        self._set([(k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:]) for k, v in self._layers()])
 
 
 def _left_pad(tensor: Any, width: int) -> Any:
