@@ -116,7 +116,7 @@ def main() -> int:
 
     path, task_set = model_dir(), TaskSet.load()
     OUT.mkdir(parents=True, exist_ok=True)
-    console = Console()
+    console = Console(width=max(Console().width, 160))  # the table is wide; a narrow or piped terminal would cut it
     console.print(f"{MODEL} at {path}; torch threads {torch.get_num_threads()}; results kept in {OUT}/")
     results: dict[tuple[str, str], dict] = {}
     for row in rows:
