@@ -267,6 +267,7 @@ def test_two_seal_rounds_under_trls_colocated_vllm_on_cpu(tiny64, tmp_path):
         assert line["sampling/sampling_logp_difference/mean"] < 1e-4
     # Weights went through seal-rl's reload_weights sync before each round (TRL's own sync fails on CPU).
     rounds = [line for line in lines if line.get("kind") == "rollout"]
+    assert [line["rollout/scheduler"] for line in rounds] == ["continuous"] * 2  # auto: the engine's add_request/step
     synced = [line["time/seconds"].get("weight_sync", 0.0) for line in rounds]
     assert len(synced) == 2 and 0 < synced[0] < synced[1]
     assert (out / "model" / "config.json").exists()

@@ -126,8 +126,14 @@ def vllm_round(tiny_model_dir, tmp_path_factory):
 
 
 def test_a_colocated_vllm_round_runs_with_log_probabilities(vllm_round):
-    recipe, summary, engines, seen, _ = vllm_round
+    import json
+
+    recipe, summary, engines, seen, out = vllm_round
     assert summary["rounds"] == 2 and summary["apatch_hook_calls"] == 2
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # auto: continuous, through the engine's add_request/step (one engine step per decoding step)
+    assert [line["rollout/scheduler"] for line in rounds if line.get("kind") == "rollout"] == ["continuous"] * 2
+    assert all(line["rollout/decode_steps"] > 0 for line in rounds if line.get("kind") == "rollout")
     (engine,) = engines
     assert len(seen) == 4  # 2 rounds x 2 micro-batches
     for inputs in seen:
