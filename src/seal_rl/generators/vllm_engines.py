@@ -82,9 +82,6 @@ class _EngineRequests:
         self._base = 0
         self._steps = 0
 
-    def __len__(self) -> int:
-        return len(self._in_engine)
-
     def add(self, episode: int, prompt_ids: Sequence[int], params: Any, seed: int) -> None:
         """Queue ``prompt_ids`` with ``params`` (a ``SamplingParams``, changed to stream deltas)."""
         if not self._in_engine:  # a new stretch of work: its CPU step seeds start from this request's
