@@ -30,3 +30,45 @@ def play_steps(env: BfclEnv, task: Task, steps: Sequence[Sequence[Sequence[ToolC
 
 def ground_truth_steps(calls_by_turn: Sequence[Sequence[ToolCall]]) -> list[list[list[ToolCall]]]:
     return [[list(turn)] if turn else [] for turn in calls_by_turn]
+
+
+def same_episodes(first: Sequence, second: Sequence) -> bool:
+    """Whether two runs of ``run_episodes`` played the same episodes: the same indices, result
+    records and token-exact trajectories (prompt, completion, mask, log-probabilities, turns)."""
+    return [(r.index, r.record, r.trajectory) for r in first] == [(r.index, r.record, r.trajectory) for r in second]
+
+
+class SwappedMessages:
+    """A continuous generator that hands one episode's message to another: the first message that
+    ends is held back until a message of a different episode ends, then each gets the other's.
+    Everything else goes to ``inner`` untouched. A negative control for scheduler comparisons."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.held = None  # (episode, generation) held back, until swapped
+        self.swapped: tuple[int, int] | None = None
+        self.in_flight = 0  # requests added to inner and not yet ended there
+
+    def __getattr__(self, name: str):  # generate, continuous_unsupported, decode_steps, ...
+        return getattr(self.inner, name)
+
+    def add(self, request, seed: int) -> None:
+        self.in_flight += 1
+        self.inner.add(request, seed)
+
+    def step(self):
+        out = []
+        for episode, generation in self.inner.step():
+            self.in_flight -= 1
+            if self.swapped is not None:
+                out.append((episode, generation))
+            elif self.held is None:
+                self.held = (episode, generation)
+            else:
+                other, held = self.held
+                out += [(other, generation), (episode, held)]
+                self.swapped = (other, episode)
+        if self.held is not None and self.swapped is None and not self.in_flight:  # nobody left to swap with
+            out.append(self.held)
+            self.held = None
+        return out

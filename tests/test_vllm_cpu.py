@@ -48,12 +48,19 @@ def tiny64(tmp_path_factory, task_set) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny64):
-    """One in-process engine, float32 like the trainer, built as TRL builds its colocated one."""
-    from vllm import LLM
+def vllm_policy(tiny64):
+    """``--policy vllm:`` on the tiny model, greedy: its in-process engine is the one the in-process
+    tests share, float32 like the trainer, built as TRL builds its colocated one."""
+    from seal_rl.generators import VLLMEngineGenerator
 
-    return LLM(model=str(tiny64), dtype="float32", max_model_len=4096, max_num_batched_tokens=4096, seed=0,
-               logprobs_mode="processed_logprobs")  # fmt: skip
+    return VLLMEngineGenerator(str(tiny64), dtype="float32", max_model_len=4096, max_num_batched_tokens=4096, seed=0,
+                               logprobs_mode="processed_logprobs")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_policy):
+    """The shared in-process engine (a ``vllm.LLM``)."""
+    return vllm_policy.engine
 
 
 def _engine_greedy(llm, max_tokens: int = 12) -> list[list[int]]:
@@ -148,6 +155,86 @@ def test_the_same_seed_gives_the_same_rollouts_on_cpu(engine, tiny64):
     assert all(len(ids) == len(logprobs) > 0 for ids, logprobs in first)
 
 
+CONTINUOUS_TASKS = ("multi_turn_base_105", "multi_turn_base_38", "multi_turn_base_100")
+
+
+def _episodes(generator, chat, scheduler: str, seed: int = 0, stats=None):
+    """Three episodes of CONTINUOUS_TASKS played by ``generator`` under ``scheduler``, with short
+    messages (at most 12 tokens) and completions (120 tokens), all three at once."""
+    from seal_rl.env import BfclEnv
+    from seal_rl.rollout import Budgets, run_episodes
+    from seal_rl.tasks import TaskSet
+
+    tasks = [TaskSet.load().get(t) for t in CONTINUOUS_TASKS]
+    return run_episodes([(i, t, {}) for i, t in enumerate(tasks)], generator, BfclEnv, chat=chat, concurrency=3, seed=seed,
+                        budgets=Budgets(max_prompt_tokens=4000, max_completion_tokens=120, max_new_tokens=12),
+                        scheduler=scheduler, stats=stats)  # fmt: skip
+
+
+def _load_perturbed(engine, tiny64, seed: int) -> None:
+    """Push the tiny model's weights plus seeded noise into the engine (whatever it held before):
+    the plain tiny model's greedy messages are all newlines, the perturbed one's differ per task."""
+    from transformers import AutoModelForCausalLM
+
+    from seal_rl.generators import vllm_cpu
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny64, dtype=torch.float32)
+    _perturb(hf, seed=seed)
+    vllm_cpu.reload_weights(engine, ((n, p.detach()) for n, p in hf.named_parameters()))
+
+
+def test_continuous_episodes_equal_lockstep_on_cpu(vllm_policy, engine, tiny64):
+    """Greedy episodes through the engine's add_request/step equal those of LLM.generate ticks —
+    records, token ids, and for TRL's colocated engine the sampled log-probabilities — under
+    ``--policy vllm:`` (VLLMEngineGenerator) and TRL's colocated engine (VLLMGenerator). A generator
+    that hands one episode's message to another makes the comparison fail."""
+    from seal_rl.rollout import DriverStats, resolve_scheduler
+    from seal_rl.trajectory import ChatTokens
+    from tests.helpers import SwappedMessages, same_episodes
+
+    _load_perturbed(engine, tiny64, seed=7)
+    chat = ChatTokens(vllm_policy.tokenizer)
+    ticked = {}
+    for generator in (vllm_policy, _generator(engine, tiny64, temperature=0.0)):
+        name = type(generator).__name__
+        assert resolve_scheduler(generator) == "continuous"
+        ticked[name] = _episodes(generator, chat, "lockstep")
+        stats = DriverStats()
+        streamed = _episodes(generator, chat, "continuous", stats=stats)
+        assert stats.scheduler == "continuous" and stats.occupancy > 1
+        assert same_episodes(streamed, ticked[name]), name
+        assert max(r.record["model_calls"] for r in streamed) >= 2
+        assert not engine.llm_engine.has_unfinished_requests()
+    assert all(r.trajectory.logprobs and None not in r.trajectory.logprobs for r in streamed)  # the colocated engine's
+
+    plain = ticked["VLLMEngineGenerator"]
+    firsts = [next(m["content"] for m in r.record["messages"] if m["role"] == "assistant") for r in plain]
+    assert len(set(firsts)) == len(firsts)  # so that handing a message to another episode shows
+    control = SwappedMessages(vllm_policy)
+    swapped = _episodes(control, chat, "continuous")
+    assert control.swapped is not None and not same_episodes(swapped, plain)
+
+
+def test_continuous_sampling_is_reproducible_on_cpu(engine, tiny64):
+    """Sampled episodes through TRL's colocated engine under the continuous scheduler: the same
+    seed gives the same episodes (tokens, log-probabilities), another seed others, and the caller's
+    RNG is left as it was (every engine step is seeded on the CPU build)."""
+    from seal_rl.trajectory import ChatTokens
+    from tests.helpers import same_episodes
+
+    generator = _generator(engine, tiny64, temperature=1.0)
+    assert generator.cpu
+    chat = ChatTokens(generator.chat.tokenizer)
+    torch.manual_seed(123)
+    first = _episodes(generator, chat, "continuous", seed=5)
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    assert same_episodes(_episodes(generator, chat, "continuous", seed=5), first)
+    assert torch.equal(torch.rand(1), after)
+    assert not same_episodes(_episodes(generator, chat, "continuous", seed=6), first)
+    assert all(r.trajectory.logprobs and None not in r.trajectory.logprobs for r in first)
+
+
 def _greedy_messages(policy: str, tasks: str, max_new_tokens: int, out: Path) -> dict[str, list[str]]:
     """`seal eval --policy POLICY` greedily on training-split tasks: each task's assistant messages."""
     subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", policy, "--split", "train", "--tasks", tasks,
@@ -180,6 +267,7 @@ def test_two_seal_rounds_under_trls_colocated_vllm_on_cpu(tiny64, tmp_path):
         assert line["sampling/sampling_logp_difference/mean"] < 1e-4
     # Weights went through seal-rl's reload_weights sync before each round (TRL's own sync fails on CPU).
     rounds = [line for line in lines if line.get("kind") == "rollout"]
+    assert [line["rollout/scheduler"] for line in rounds] == ["continuous"] * 2  # auto: the engine's add_request/step
     synced = [line["time/seconds"].get("weight_sync", 0.0) for line in rounds]
     assert len(synced) == 2 and 0 < synced[0] < synced[1]
     assert (out / "model" / "config.json").exists()

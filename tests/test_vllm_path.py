@@ -126,8 +126,14 @@ def vllm_round(tiny_model_dir, tmp_path_factory):
 
 
 def test_a_colocated_vllm_round_runs_with_log_probabilities(vllm_round):
-    recipe, summary, engines, seen, _ = vllm_round
+    import json
+
+    recipe, summary, engines, seen, out = vllm_round
     assert summary["rounds"] == 2 and summary["apatch_hook_calls"] == 2
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # auto: continuous, through the engine's add_request/step (one engine step per decoding step)
+    assert [line["rollout/scheduler"] for line in rounds if line.get("kind") == "rollout"] == ["continuous"] * 2
+    assert all(line["rollout/decode_steps"] > 0 for line in rounds if line.get("kind") == "rollout")
     (engine,) = engines
     assert len(seen) == 4  # 2 rounds x 2 micro-batches
     for inputs in seen:
@@ -173,7 +179,7 @@ def _tp_rank(rank: int, init_file: str, model_dir: str, results: str) -> None:
     from trl.generation import vllm_generation
 
     from seal_rl.generators import VLLMGenerator
-    from seal_rl.rollout import Request
+    from seal_rl.rollout import Request, resolve_scheduler
 
     vllm_generation.SamplingParams = fake_vllm.SamplingParams  # what fake_vllm.install does, without pytest
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -188,7 +194,8 @@ def _tp_rank(rank: int, init_file: str, model_dir: str, results: str) -> None:
         requests = [Request(10 * rank + k, None, [], [], {}, [5 + rank, 6 + k, 7 + tick], 4 + k) for k in range(1 + rank)]
         answers.append([(g.token_ids, g.logprobs) for g in generator.generate(requests, seed=tick)])
     generator.close()
-    Path(results, f"{rank}.json").write_text(json.dumps({"answers": answers, "calls": len(llm.calls)}))
+    scheduler = resolve_scheduler(generator)  # a TP group calls its engine together: lockstep only
+    Path(results, f"{rank}.json").write_text(json.dumps({"answers": answers, "calls": len(llm.calls), "scheduler": scheduler}))
     dist.destroy_process_group()
 
 
@@ -203,6 +210,7 @@ def test_tensor_parallel_ranks_share_an_engine_in_lockstep(tiny_model_dir, tmp_p
     mp.spawn(_tp_rank, args=(str(tmp_path / "init"), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     assert [len(r["answers"]) for r in ranks] == [3, 1]
+    assert [r["scheduler"] for r in ranks] == ["lockstep", "lockstep"]
     # Every rank ran the group's union: tick 0 has 1 + 2 requests, ticks 1-2 only rank 0's one.
     assert ranks[0]["calls"] == ranks[1]["calls"] == 3 + 1 + 1
     # Each rank got its own answers, the same a lone engine gives for the same requests and seeds.
@@ -222,3 +230,68 @@ def test_tensor_parallel_ranks_share_an_engine_in_lockstep(tiny_model_dir, tmp_p
                 assert answers == [[g.token_ids, g.logprobs] for g in alone.generate(requests, seed=tick)]
     finally:
         mp_patch.undo()
+
+
+def _colocated(llm, model_dir, temperature: float = 0.0):
+    """A VLLMGenerator over ``llm`` with the settings of TRL's colocated engine (one rank)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from seal_rl.generators import VLLMGenerator
+
+    engine = SimpleNamespace(mode="colocate", enable_sleep_mode=False, tensor_parallel_size=1, llm=llm, repetition_penalty=1.0,
+                             temperature=temperature, top_p=1.0, top_k=0, min_p=0.0, logprobs=0, generation_kwargs={})  # fmt: skip
+    return VLLMGenerator(SimpleNamespace(use_vllm=True, vllm_generation=engine, processing_class=AutoTokenizer.from_pretrained(model_dir)))
+
+
+def test_continuous_rollouts_through_the_engine_equal_lockstep(tiny_model_dir, task_set):
+    """Greedy episodes through the colocated engine's add_request/step (the fake, at most 2 requests
+    running, so one waits) equal those of LLM.generate ticks: records, tokens, log-probabilities.
+    A generator that hands one episode's message to another makes the comparison fail."""
+    from seal_rl.env import BfclEnv
+    from seal_rl.rollout import Budgets, DriverStats, Request, resolve_scheduler, run_episodes
+    from seal_rl.trajectory import ChatTokens
+    from tests.helpers import SwappedMessages, same_episodes
+
+    mp = pytest.MonkeyPatch()
+    fake_vllm.install(mp)
+    try:
+        llm = fake_vllm.LLM(model=str(tiny_model_dir), max_num_seqs=2)
+        noise = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # the tiny model's greedy messages are all newlines; perturbed, they differ
+            for p in llm.hf_model.parameters():
+                p.add_(torch.randn(p.shape, generator=noise) * 0.3)
+        generator = _colocated(llm, tiny_model_dir)
+        assert resolve_scheduler(generator) == "continuous"
+        tasks = [task_set.get(t) for t in ("multi_turn_base_105", "multi_turn_base_38", "multi_turn_base_100")]
+        chat = ChatTokens(generator.chat.tokenizer)
+        budgets = Budgets(max_prompt_tokens=20000, max_completion_tokens=120, max_new_tokens=12)
+
+        def play(gen, scheduler):
+            stats = DriverStats()
+            rollouts = run_episodes([(i, t, {}) for i, t in enumerate(tasks)], gen, BfclEnv, chat=chat, budgets=budgets,
+                                    concurrency=3, seed=4, scheduler=scheduler, stats=stats)  # fmt: skip
+            return rollouts, stats
+
+        ticked, _ = play(generator, "lockstep")
+        streamed, stats = play(generator, "continuous")
+        assert stats.scheduler == "continuous"
+        assert same_episodes(streamed, ticked)
+        assert max(r.record["model_calls"] for r in ticked) >= 2  # episodes asked again after their first message
+        assert all(r.trajectory.logprobs and None not in r.trajectory.logprobs for r in streamed)
+        assert 1 < stats.occupancy <= 2  # decode_steps counts engine steps (two requests share most), not tokens
+        assert not llm.llm_engine.has_unfinished_requests()
+
+        firsts = [next(m["content"] for m in r.record["messages"] if m["role"] == "assistant") for r in ticked]
+        assert len(set(firsts)) == len(firsts)  # so that handing a message to another episode shows
+        control = SwappedMessages(generator)
+        swapped, _ = play(control, "continuous")
+        assert control.swapped is not None and not same_episodes(swapped, ticked)
+
+        generator.add(Request(0, None, [], [], {}, [5, 6, 7], 8), seed=0)  # a run that stops half-way ...
+        generator.step()
+        generator.close()  # ... leaves nothing in the engine
+        assert not llm.llm_engine.has_unfinished_requests()
+    finally:
+        mp.undo()
