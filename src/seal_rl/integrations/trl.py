@@ -86,7 +86,7 @@ class BfclRollout:
     recipe file, or a :class:`~seal_rl.train.recipe.SealRecipe`; ``overrides``: ``KEY=VALUE`` as
     ``seal train --set`` takes them. Its ``env`` (protocol, prompt mode, call format, caps),
     ``budgets``, ``interface``, ``apatch``, ``diagnosis``, ``profile_window``, ``concurrency``,
-    ``generation_batch`` and ``prefix_cache_tokens`` apply; its ``model`` and ``grpo`` sections do not
+    ``rollout_scheduler``, ``generation_batch`` and ``prefix_cache_tokens`` apply; its ``model`` and ``grpo`` sections do not
     (``GRPOConfig`` decides: sampling temperature and top_p, ``use_vllm``, batch sizes), except
     ``grpo.seed``, which seeds the episodes. ``layout`` must be ``episode``.
 
@@ -132,7 +132,7 @@ class BfclRollout:
         rollouts = run_episodes(
             episodes, self._generator(trainer), lambda: BfclEnv(loop.validation_config, catalog=loop.catalog),
             chat=chat.for_inference(), budgets=loop.budgets, concurrency=loop.recipe.concurrency,
-            seed=derived_seed(loop.recipe.grpo.seed, "eval", trainer.state.global_step),
+            seed=derived_seed(loop.recipe.grpo.seed, "eval", trainer.state.global_step), scheduler=loop.recipe.rollout_scheduler,
         )  # fmt: skip
         samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids))} for r in rollouts]
         for r in rollouts:
