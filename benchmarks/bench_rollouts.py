@@ -5,7 +5,9 @@ Every row runs the same episodes twice, once per scheduler, in the same process:
 * ``round greedy``: one training round of the study (docs/real-study.md) at 4x its width: 8
   TradingBot training-split tasks x G = 4 = 32 episodes, ``seal`` protocol, the study recipe's
   budgets (8192 / 512 / 128), concurrency 8 and generation batch 8, greedy so that both schedulers
-  must produce the same tokens (checked: the row says ``same``, or how many episodes differ);
+  must produce the same tokens (checked: the row says ``same``, or where episodes part and
+  whether each place is a near-tie of the model's logits: SmolLM2 computes in bfloat16, where
+  ties are common);
 * ``round sampled``: the same at temperature 1, as training samples (each scheduler draws its own
   samples, so compare tokens per second);
 * ``equal lengths``: the greedy round with ``max_new_tokens`` 8, where nearly every message hits the
@@ -16,8 +18,8 @@ Every row runs the same episodes twice, once per scheduler, in the same process:
 
 Columns: generation seconds (time inside the generator), wall seconds of the whole rollout,
 model tokens generated, decoding steps, occupancy (tokens per decoding step: the mean number of
-messages in flight), the longest episode's share of the wall time, and the speed-up
-(lockstep / continuous generation seconds; for ``round sampled`` the ratio of tokens per second).
+messages in flight), the longest episode's share of the wall time, and the speed-up (tokens per
+generation second, continuous over lockstep: the rows' token counts differ where samples differ).
 
 Each finished measurement is kept in ``runs/bench-rollouts/`` and a rerun skips it (``--fresh``
 starts over); a row's two schedulers run back to back. ``--rows`` picks rows, ``--tasks`` and
@@ -41,6 +43,7 @@ from rich.table import Table
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.evaluate import ModelSettings, make_generator
 from seal_rl.generators import HFGenerator
+from seal_rl.generators.decode_batch import divergence
 from seal_rl.policies import parse_policy
 from seal_rl.rollout import Budgets, DriverStats, run_episodes
 from seal_rl.tasks import TaskSet
@@ -101,6 +104,27 @@ def measure(row: str, scheduler: str, path: Path, task_set: TaskSet, args) -> di
     }  # fmt: skip
 
 
+def agreement(path: Path, ticked: list[list[int]], continuous: list[list[int]]) -> str:
+    """How the greedy samples of the two schedulers compare: ``same``, or how many episodes part
+    and whether each first difference is a near-tie of the model's logits (``divergence``)."""
+    from transformers import AutoModelForCausalLM
+
+    parted = [(a, b) for a, b in zip(ticked, continuous, strict=True) if a != b]
+    if not parted:
+        return "same"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()
+    found = {}
+    for a, b in parted:  # the G episodes of a task part at the same place: read each place once
+        at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        key = tuple(a[: at if at is not None else len(a)])
+        if key not in found:
+            found[key] = divergence(model, a, b)
+    ties = sum(d.near_tie for d in found.values())
+    gaps = ", ".join(f"{d.gap:.3g}" for d in found.values())
+    return f"{len(parted)} episodes part at {len(found)} places, {ties} near-ties (logit gaps {gaps})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows to run (of {', '.join(ROWS)})")
@@ -129,20 +153,19 @@ def main() -> int:
             results[row, scheduler] = measure(row, scheduler, path, task_set, args)
             kept.write_text(json.dumps(results[row, scheduler]) + "\n")
 
-    table = Table(title=f"rollouts on {MODEL}: lockstep vs continuous (speed-up = lockstep / continuous)")
+    greedy = {row: agreement(path, results[row, "lockstep"]["samples"], results[row, "continuous"]["samples"])
+              for row in rows if row != "round-sampled"}  # fmt: skip
+    table = Table(title=f"rollouts on {MODEL}: lockstep vs continuous (speed-up: tokens per generation second, continuous / lockstep)")
     for column in ("row", "scheduler", "episodes", "generation s", "wall s", "tokens", "decode steps", "occupancy",
                    "longest share", "tokens/s", "speed-up", "greedy tokens"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("row", "scheduler", "greedy tokens") else "right")
     for row in rows:
         ticked, continuous = results[row, "lockstep"], results[row, "continuous"]
-        rate = {s: r["tokens"] / r["generation_s"] if r["generation_s"] else 0.0 for s, r in (("l", ticked), ("c", continuous))}
-        speedup = rate["c"] / rate["l"] if row == "round-sampled" else ticked["generation_s"] / max(continuous["generation_s"], 1e-9)
-        differ = sum(a != b for a, b in zip(ticked["samples"], continuous["samples"], strict=True))
-        same = "n/a (sampled)" if row == "round-sampled" else ("same" if not differ else f"{differ} episode(s) differ")
-        for r, mark in ((ticked, ""), (continuous, f"{speedup:.2f}x")):
+        rate = {s: r["tokens"] / max(r["generation_s"], 1e-9) for s, r in (("l", ticked), ("c", continuous))}
+        for r, mark in ((ticked, ""), (continuous, f"{rate['c'] / rate['l']:.2f}x")):
             table.add_row(row, r["scheduler"], str(r["episodes"]), f"{r['generation_s']:.1f}", f"{r['wall_s']:.1f}", str(r["tokens"]),
                           str(r["decode_steps"]), f"{r['occupancy']:.2f}", f"{r['longest_share']:.2f}",
-                          f"{r['tokens'] / max(r['generation_s'], 1e-9):.1f}", mark, same if mark else "")  # fmt: skip
+                          f"{r['tokens'] / max(r['generation_s'], 1e-9):.1f}", mark, greedy.get(row, "n/a (sampled)") if mark else "")  # fmt: skip
     console.print(table)
     return 0
 

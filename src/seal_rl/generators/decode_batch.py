@@ -26,8 +26,12 @@ precision; the tests compare token for token with the lockstep ``generate`` path
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+NEAR_TIE_FLOOR = 1e-3
+"""the smallest logit gap :func:`divergence` calls a near-tie (float32 batch-order noise is ~1e-5)"""
 
 
 @dataclass
@@ -156,3 +160,41 @@ def _takes_logits_to_keep(model: Any) -> bool:
     import inspect
 
     return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two greedy samples of the same episode part, and how close the model's call was there."""
+
+    position: int
+    """index of the first different token"""
+    tokens: tuple[int, int]
+    gap: float
+    """|logit difference| of the two tokens, from one unbatched forward pass over the shared prefix"""
+    tolerance: float
+    """the largest gap a different batch composition can explain: two units in the last place of
+    the larger logit in the model's dtype (bfloat16: 0.25 at a logit of 25), at least
+    :data:`NEAR_TIE_FLOOR`"""
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap <= self.tolerance
+
+
+def divergence(model: Any, expected: Sequence[int], got: Sequence[int]) -> Divergence | None:
+    """The first difference of two token sequences that share a prompt (None: equal), with the
+    model's logit gap between the two tokens there. Greedy decoding under different batch
+    compositions may part only at a near-tie (see the module docstring)."""
+    import torch
+
+    if list(expected) == list(got):
+        return None
+    at = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    if at >= min(len(expected), len(got)):  # one is a prefix of the other: a different stop, no tie to read
+        return Divergence(at, (-1, -1), float("inf"), 0.0)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([list(expected[:at])], device=device)).logits[0, -1]
+    a, b = float(logits[expected[at]]), float(logits[got[at]])
+    ulp = torch.finfo(logits.dtype).eps * max(abs(a), abs(b))
+    return Divergence(at, (expected[at], got[at]), abs(a - b), max(NEAR_TIE_FLOOR, 2 * ulp))
