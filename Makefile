@@ -123,8 +123,11 @@ demo: install
 	$(BIN)/seal report runs/demo/eval
 
 # The real-model tests need the pulled models; SEAL_REQUIRE_REAL_MODELS makes them fail, not skip.
+# One torch thread per test worker (two workers, two cores): with torch's default of one thread per
+# core each worker's matrix products wait for threads the other worker has descheduled (measured on
+# a real-model evaluation under that load: 391 s with 2 threads, 116 s with 1; docs/evaluation.md).
 test: install models
-	SEAL_REQUIRE_REAL_MODELS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} SEAL_REQUIRE_REAL_MODELS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
 
 # The tests that run vLLM's CPU engine for real (tests/test_vllm_cpu.py, about 10 minutes on 2 cores);
 # SEAL_REQUIRE_VLLM makes a missing vllm fail them instead of skipping (docs/vllm-cpu.md).
