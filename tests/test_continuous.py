@@ -171,3 +171,20 @@ def test_seal_eval_refuses_a_scheduler_in_one_line_before_any_episode(tmp_path, 
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not (out / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_filtering_is_transformers_top_p_warper(top_p):
+    """The continuous path's nucleus filter against transformers' own TopPLogitsWarper (what
+    ``generate`` applies in the lockstep path), on random scores with ties."""
+    import torch
+    from transformers import TopPLogitsWarper
+
+    from seal_rl.generators.hf import _top_p
+
+    scores = torch.randn(6, 300, generator=torch.Generator().manual_seed(1)) * 3
+    scores[:, 10:20] = scores[:, 10:11]  # a run of equal scores
+    expected = TopPLogitsWarper(top_p)(torch.zeros(6, 1, dtype=torch.long), scores.clone())
+    got = _top_p(scores.clone(), top_p)
+    assert torch.equal(torch.isinf(got), torch.isinf(expected)) and torch.equal(got[~torch.isinf(got)], expected[~torch.isinf(expected)])
+    assert (~torch.isinf(got)).sum(dim=1).min() >= 1
