@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from seal_rl.generators.prefix_cache import last_logits_only
+
 NEAR_TIE_FLOOR = 1e-3
 """the smallest logit gap :func:`divergence` calls a near-tie (float32 batch-order noise is ~1e-5)"""
 
@@ -58,6 +60,7 @@ class DecodeBatch:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self._last_logits = last_logits_only(model)  # read once: inspect.signature is not for every step
         self.rows: list[Row] = []
         self._cache: Any = None  # a DynamicCache, per layer keys and values [rows, heads, width, dim]
         self._mask: Any = None  # [rows, width] long, 1 where the column holds a real token
@@ -113,9 +116,8 @@ class DecodeBatch:
         ids = torch.tensor([[row.next_token] for row in self.rows], dtype=torch.long, device=device)
         positions = self._mask.sum(dim=1, keepdim=True)
         attention = torch.cat([self._mask, torch.ones_like(positions)], dim=1)
-        extra = {"logits_to_keep": 1} if _takes_logits_to_keep(self.model) else {}
         output = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=self._cache,
-                            use_cache=True, **extra)  # fmt: skip  (the cache grows by one column in place)
+                            use_cache=True, **self._last_logits)  # fmt: skip  (the cache grows by one column in place)
         self._mask = attention
         return output.logits[:, -1]
 
@@ -154,12 +156,6 @@ def _left_pad_mask(mask: Any, width: int) -> Any:
 
     missing = width - mask.shape[1]
     return mask if not missing else torch.cat([torch.zeros((mask.shape[0], missing), dtype=mask.dtype, device=mask.device), mask], dim=1)
-
-
-def _takes_logits_to_keep(model: Any) -> bool:
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,12 @@ def supports_prefix_cache(model: Any) -> bool:
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
+def last_logits_only(model: Any) -> dict[str, int]:
+    """The forward keyword that makes ``model`` compute logits for the last position only
+    (``logits_to_keep=1``), or nothing for a model whose forward does not take it."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
 def weights_fingerprint(model: Any) -> tuple:
     """Something that changes when ``model``'s weights change (see the module docstring)."""
     import torch
@@ -105,7 +111,7 @@ class PrefixCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._next_key = 0
         self._fingerprint: tuple | None = None
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._last_logits = last_logits_only(model)
         self.prefilled = 0
         """prompt tokens run through the model so far (the rest came from the cache)"""
         self.reused = 0
@@ -175,7 +181,7 @@ class PrefixCache:
             return start
         cache = DynamicCache(start, config=self.model.config)
         device = next(self.model.parameters()).device
-        extra = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        extra = self._last_logits
         with torch.no_grad():
             self.model(input_ids=ids[reused:][None].to(device), past_key_values=cache, use_cache=True, **extra)
         if cache.get_seq_length() != len(ids):  # e.g. gradient checkpointing in training mode drops the cache
