@@ -31,8 +31,6 @@ def test_greedy_messages_equal_the_lockstep_messages(tiny, task_set):
     assert differences(model, ticked, continuous) == []
     assert lockstep_stats.scheduler == "lockstep" and continuous_stats.scheduler == "continuous"
     assert continuous_stats.tokens == lockstep_stats.tokens > 0
-    lengths = {len(t[1]) for r in continuous for t in r.trajectory.turns} if continuous[0].trajectory.turns else None
-    assert lengths is None or len(lengths) > 1
     # messages of different lengths: the engine was not always full (otherwise the test shows nothing)
     assert 1 < continuous_stats.occupancy < 4 and 0 < continuous_stats.longest_share <= 1
 
