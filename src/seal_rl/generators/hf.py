@@ -60,7 +60,7 @@ class HFGenerator:
         self.prefix_cache: PrefixCache | None = None
         self.decode_steps = 0
         """forward passes that generated tokens so far (each ``generate`` call counts its longest message)"""
-        self._batch = DecodeBatch(model)
+        self._batch = DecodeBatch(model, rows=max_batch)
         self._waiting: list[Row] = []
         self.continuous_unsupported = None if supports_prefix_cache(model) else (
             f"{type(model).__name__} has cache layers that cannot be cut and joined (sliding-window or linear attention)")
