@@ -18,11 +18,13 @@ from seal_rl.interface import (
     ASK_USER,
     GUIDELINES,
     PAPER_NOTE,
+    PAPER_EPISODES_PER_WINDOW,
     Interface,
     InterfaceConfig,
     InterfaceState,
     Rejection,
     ToolResult,
+    auto_min_count,
     evolve,
 )
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
@@ -447,8 +449,11 @@ def _profile_with(rounds, window=1, with_pass=True):
     return profile
 
 
+PAPER_SCALE = InterfaceConfig().resolved(PAPER_EPISODES_PER_WINDOW)  # min_count auto at 256 episodes a window
+
+
 def test_pressure_switches_components_on_with_hysteresis():
-    config = InterfaceConfig()
+    config = PAPER_SCALE
     state = InterfaceState.initial("seal")
     # 10 state_mismatch turns out of 100 countable (10%): on.
     on = evolve(state, _profile_with([{"state_mismatch": 10, "pass": 40}]), config)
@@ -462,7 +467,7 @@ def test_pressure_switches_components_on_with_hysteresis():
 
 
 def test_pressure_needs_enough_turns_and_low_reward():
-    config = InterfaceConfig()
+    config = PAPER_SCALE
     few = _profile_with([{"state_mismatch": 7, "pass": 0}])  # 50% but only 7 turns
     assert evolve(InterfaceState.initial("seal"), few, config).pressure == ()
     rewarded = _profile_with([{"pass": 30}])
@@ -470,7 +475,7 @@ def test_pressure_needs_enough_turns_and_low_reward():
 
 
 def test_each_label_switches_its_component():
-    config = InterfaceConfig(max_guidelines=2)
+    config = InterfaceConfig(min_count=8, max_guidelines=2)
     profile = _profile_with([{"argument_mismatch": 10, "invalid_tool_call": 10, "recovery_failure": 10,
                               "spurious_tool_call": 20, "missing_tool_call": 12, "response_mismatch": 10, "pass": 5}],
                             with_pass=False)  # fmt: skip
@@ -486,11 +491,34 @@ def test_each_label_switches_its_component():
 def test_evolve_is_pure_and_fixed_presets_never_change():
     profile = _profile_with([{"state_mismatch": 20, "pass": 10}])
     seal = InterfaceState.initial("seal")
-    assert evolve(seal, profile, InterfaceConfig()) == evolve(seal, profile, InterfaceConfig())
+    assert evolve(seal, profile, PAPER_SCALE) == evolve(seal, profile, PAPER_SCALE)
     assert seal == InterfaceState.initial("seal")
     for preset in ("vanilla", "paper"):
         start = InterfaceState.initial(preset)
         assert evolve(start, profile, InterfaceConfig(preset=preset)) == replace(start, round=1)
+
+
+def test_min_count_auto_is_the_papers_count_scaled_to_the_window():
+    assert PAPER_SCALE.min_count == 8 and InterfaceConfig().min_count == "auto"  # the seal preset's default
+    assert [auto_min_count(n) for n in (1, 8, 47, 48, 80, 96, 512)] == [1, 1, 1, 2, 3, 3, 16]
+    assert InterfaceConfig(min_count=5).resolved(8).min_count == 5  # a number stays as given
+    with pytest.raises(SealError, match="resolve `auto`"):
+        evolve(InterfaceState.initial("seal"), _profile_with([{"state_mismatch": 20}]), InterfaceConfig())
+    for bad in (0, "sometimes", True, 2.5):
+        with pytest.raises(SealError, match="min_count must be an integer >= 1 or auto"):
+            InterfaceConfig(min_count=bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300))
+def test_a_label_in_every_episode_switches_its_component_on_at_any_window_size(episodes):
+    """What ``auto`` is for: a label the whole window shows (prevalence 100%, reward 0) drives its
+    component at any round size; the paper's fixed 8 stays off below 8 episodes, silently."""
+    profile = _profile_with([{"state_mismatch": episodes}], with_pass=False)
+    scaled = evolve(InterfaceState.initial("seal"), profile, InterfaceConfig().resolved(episodes))
+    fixed = evolve(InterfaceState.initial("seal"), profile, InterfaceConfig(min_count=8))
+    assert scaled.guidelines == ("state_aware",)
+    assert (fixed.guidelines == ("state_aware",)) == (episodes >= 8)
 
 
 def test_state_serialises_and_diffs():

@@ -131,6 +131,7 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
         (["grpo.nonsense=1"], "Bad recipe"),
         (["apatch.w_min=0"], "set enabled=False"),
         (["interface.preset=best"], "Unknown interface preset"),
+        (["interface.min_count=0"], "interface.min_count must be an integer >= 1 or auto, got 0"),
         (["generator=magic"], "Unknown generator"),
         (["grpo.use_vllm=true", "grpo.vllm_mode=server"], "server mode gathers every rank"),
         (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
@@ -146,6 +147,20 @@ def test_bad_recipes_fail_clearly(overrides, message):
         load_recipe(ROOT / "configs" / "smoke-cpu.yaml", overrides)
     with pytest.raises(SealError, match="leaves model.path unset; give it with --set model.path="):
         load_recipe(ROOT / "configs" / "paper-qwen2.5-7b.yaml")
+
+
+def test_the_banner_and_plan_say_when_the_seal_interface_can_switch_on():
+    from seal_rl.train.recipe import planned_interface
+
+    smoke = ROOT / "configs" / "smoke-cpu.yaml"  # 4 tasks x 2 rollouts a round, a window of 2 rounds
+    text, never = planned_interface(load_recipe(smoke), max_turns=2)
+    assert ">= 1 turns (min_count auto" in text and "2 round(s) x 8 episodes = 16 episodes" in text and never is None
+    paper = planned_interface(load_recipe("seal-full", ["model.path=preset:qwen2.5-7b"]))[0]
+    assert ">= 8 turns (min_count auto" in paper and "= 256 episodes" in paper  # auto is the paper's count at its scale
+    _, never = planned_interface(load_recipe(smoke, ["interface.min_count=33"]), max_turns=2)  # 16 episodes x 2 turns < 33
+    assert "the seal interface can never switch on" in never and "interface.min_count=auto" in never
+    assert planned_interface(load_recipe(smoke, ["interface.min_count=32"]), max_turns=2)[1] is None
+    assert planned_interface(load_recipe(smoke, ["interface.preset=vanilla"]))[0].startswith("vanilla (fixed")
 
 
 def test_batch_layout_needs_divisible_batches():
@@ -298,11 +313,13 @@ def test_the_smoke_recipe_trains_the_tiny_model_on_its_own_generations(tmp_path)
     out = tmp_path / "smoke"
     result = subprocess.run(
         [sys.executable, "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"),
-         "--set", "grpo.max_steps=1", "--out", str(out)],
+         "--set", "grpo.max_steps=1", "--set", "interface.min_count=1000", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained 1 rounds" in result.stdout
+    assert "interface seal: a component switches on when its label has >= 1000 turns" in result.stdout
+    assert "the seal interface can never switch on in this run" in result.stderr  # said at start, not found out later
     rows = _jsonl(out / "trajectories.jsonl")
     assert len(rows) == 8 and all(len(r["labels"]) > 0 for r in rows)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -199,14 +200,27 @@ class InterfaceState:
                 for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)}  # fmt: skip
 
 
+PAPER_MIN_COUNT = 8
+"""the SEAL reference's count: a label needs 8 turns to drive a guideline (SEAL_METHOD.md §5)"""
+PAPER_EPISODES_PER_WINDOW = 256
+"""...in a profile window of one round of 32 tasks x 8 rollouts (the paper's recipe, §6)"""
+
+
+def auto_min_count(episodes_per_window: int) -> int:
+    """``min_count: auto``: the paper's count (8 turns per 256 episodes) scaled to the episodes a
+    profile window holds, rounded half up, at least 1: 8 at the paper's scale, 1 up to 47 episodes."""
+    return max(1, math.floor(PAPER_MIN_COUNT * episodes_per_window / PAPER_EPISODES_PER_WINDOW + 0.5))
+
+
 @dataclass(frozen=True)
 class InterfaceConfig:
     """When labels count as under pressure (DESIGN.md §5; defaults from the SEAL reference)."""
 
     preset: str = "seal"
     """``vanilla`` (base only), ``paper`` (static observation-lite) or ``seal`` (label-driven)"""
-    min_count: int = 8
-    """a label needs at least this many turns in the profile window to be under pressure"""
+    min_count: int | str = "auto"
+    """a label needs at least this many turns in the profile window to be under pressure; ``auto``:
+    the paper's 8 at 256 episodes a window, scaled to the run's (:func:`auto_min_count`)"""
     prevalence_on: float = 0.10
     """...and at least this share of the window's countable turns to switch its component on"""
     prevalence_off: float = 0.05
@@ -222,8 +236,15 @@ class InterfaceConfig:
             raise SealError(
                 f"Need 0 <= prevalence_off <= prevalence_on <= 1, got {self.prevalence_off} and {self.prevalence_on}."
             )
-        if self.min_count < 1 or self.max_guidelines < 0:
-            raise SealError("min_count must be >= 1 and max_guidelines >= 0.")
+        count = self.min_count
+        if count != "auto" and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+            raise SealError(f"interface.min_count must be an integer >= 1 or auto, got {count!r}.")
+        if self.max_guidelines < 0:
+            raise SealError("interface.max_guidelines must be >= 0.")
+
+    def resolved(self, episodes_per_window: int) -> InterfaceConfig:
+        """This config with ``min_count: auto`` made a number for windows of ``episodes_per_window``."""
+        return self if self.min_count != "auto" else replace(self, min_count=auto_min_count(episodes_per_window))
 
 
 def evolve(state: InterfaceState, profile: CapabilityProfile, config: InterfaceConfig) -> InterfaceState:
@@ -238,6 +259,8 @@ def evolve(state: InterfaceState, profile: CapabilityProfile, config: InterfaceC
     """
     if state.preset != "seal":
         return replace(state, round=profile.round)
+    if config.min_count == "auto":
+        raise SealError("evolve needs a number for min_count: resolve `auto` with InterfaceConfig.resolved(episodes per window).")
     stats = profile.label_stats()
     pressure = []
     for label in PRESSURE_LABELS:

@@ -184,7 +184,7 @@ def estimate(
     tasks) to the recipe's task selection, as ``seal train`` makes it. ``device="cpu"``: ``gpus``
     processes on one host, each with ``gpu_memory_gb`` of its RAM (see :func:`precision`).
     """
-    from seal_rl.train.recipe import batch_layout, planned_scheduler, samples_per_task
+    from seal_rl.train.recipe import batch_layout, planned_interface, planned_scheduler, samples_per_task
 
     if gpus < 1:
         raise SealError(f"--gpus must be at least 1; got {gpus}.")
@@ -230,6 +230,7 @@ def estimate(
             notes.append("generator hf under ZeRO-3/FSDP gathers the weights at every decoding step: far slower than estimated.")
 
     notes.append(f"rollouts: scheduler {planned_scheduler(recipe)}; the generation estimate assumes the engine kept full.")
+    notes.append(f"interface: {planned_interface(recipe)[0]}.")
     if assumptions.gen_tokens_per_s is not None:
         gen_rate = assumptions.gen_tokens_per_s
     elif vllm is not None:

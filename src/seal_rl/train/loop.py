@@ -32,12 +32,12 @@ from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
-from seal_rl.interface import Interface, InterfaceConfig, InterfaceState, evolve
+from seal_rl.interface import Interface, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.rollout import Budgets, DriverStats, derived_seed, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
-from seal_rl.train.recipe import SealRecipe
+from seal_rl.train.recipe import SealRecipe, interface_config
 from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
 from seal_rl.train.samples import trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
@@ -105,7 +105,7 @@ class SealLoop:
         self.env_config = EnvConfig(**recipe.env)
         self.validation_config = replace(self.env_config, protocol=recipe.eval.protocol or self.env_config.protocol)
         self.budgets = Budgets(**recipe.budgets)
-        self.interface_config = InterfaceConfig(**recipe.interface)
+        self.interface_config = interface_config(recipe)  # min_count auto resolved for the profile window
         self.apatch = ApatchConfig(**recipe.apatch)
         self.state = SealState(
             round=0,

@@ -331,6 +331,36 @@ def validate(recipe: SealRecipe) -> None:
     check_report_to(g.report_to)
 
 
+def episodes_per_window(recipe: SealRecipe) -> int:
+    """Episodes the capability profile aggregates at a time: a round's (tasks x rollouts) x ``profile_window``."""
+    return recipe.grpo.tasks_per_step * recipe.grpo.num_generations * recipe.profile_window
+
+
+def interface_config(recipe: SealRecipe) -> InterfaceConfig:
+    """The recipe's interface settings, ``min_count: auto`` resolved for its profile window."""
+    return InterfaceConfig(**recipe.interface).resolved(episodes_per_window(recipe))
+
+
+def planned_interface(recipe: SealRecipe, max_turns: int | None = None) -> tuple[str, str | None]:
+    """What the recipe's interface does, in words (``seal train``'s banner, ``seal plan``), and a
+    warning when the ``seal`` preset can never switch a component on: its ``min_count`` is more
+    turns than a window can hold (``max_turns``: the most user turns of a training task; each
+    labels at most once per episode)."""
+    config, episodes = interface_config(recipe), episodes_per_window(recipe)
+    if config.preset != "seal":
+        return f"{config.preset} (fixed: the interface never changes during the run)", None
+    auto = recipe.interface.get("min_count", "auto") == "auto"
+    window = f"{recipe.profile_window} round(s) x {recipe.grpo.tasks_per_step * recipe.grpo.num_generations} episodes"
+    text = (f"seal: a component switches on when its label has >= {config.min_count} turns "
+            f"(min_count{' auto: the paper 8 per 256 episodes, scaled' if auto else ''}) and >= {config.prevalence_on:.0%} "
+            f"of the countable turns in the profile window ({window} = {episodes} episodes)")  # fmt: skip
+    if max_turns is not None and config.min_count > episodes * max_turns:
+        return text, (f"interface.min_count {config.min_count} is more turns than a profile window can hold ({episodes} episodes "
+                      f"x at most {max_turns} user turns): the seal interface can never switch on in this run; "
+                      "set interface.min_count=auto or raise tasks_per_step, num_generations or profile_window.")  # fmt: skip
+    return text, None
+
+
 def planned_scheduler(recipe: SealRecipe) -> str:
     """How the recipe's rollouts will be scheduled, in words (``seal train``'s banner, ``seal plan``);
     the round log says which scheduler actually ran."""

@@ -27,7 +27,7 @@ from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
 from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
-from seal_rl.train.recipe import SealRecipe, batch_layout, planned_scheduler, resolve_bf16, samples_per_task
+from seal_rl.train.recipe import SealRecipe, batch_layout, planned_interface, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
     read_metrics, save_model,
@@ -81,6 +81,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             resolved.eval.tasks = [t.id for t in validation]
             (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
             CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
+            never = planned_interface(recipe, max(len(t.questions) for t in tasks))[1]
+            if never:
+                warnings.warn(never, SealWarning, stacklevel=2)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
             model_path = _prepare_model(recipe, out, task_set)
             if is_main and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
@@ -255,6 +258,7 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         "  update: " + {True: "shared prefixes on", False: "shared prefixes off (TRL forwards every sample whole)",
                         "auto": "shared prefixes auto"}[recipe.shared_prefix]  # fmt: skip
         + ("" if recipe.shared_prefix is False else " (each micro-batch forwarded once as a prefix tree; the round log counts the tokens)"),
+        f"  interface {planned_interface(recipe)[0]}",
         f"  rollouts: generator {recipe.generator}, scheduler {planned_scheduler(recipe)}",
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip
