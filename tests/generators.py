@@ -38,6 +38,27 @@ def oracle_mix(trainer):
     return OracleMix()
 
 
+class FirstTurnOrNothing(OracleMix):
+    """Even episodes play the ground truth of the first user turn, then answer in text; odd ones
+    answer every turn in text. Every episode fails (binary reward 0: no advantage); the progress
+    reward gives even episodes 1 / (scorable turns), odd ones 0."""
+
+    def generate(self, requests, seed):
+        for request in requests:
+            key = (request.task.id, request.episode)
+            if key not in self.agents:
+                text = ["I will not call anything."] * request.task.num_turns
+                if request.episode % 2 == 0:
+                    first = oracle_transcript(request.task, ground_truth_calls(request.task)[:1], get_format("hermes"))[0]
+                    text = [*first, *text[1:]]
+                self.agents[key] = ScriptedAgent(text)
+        return super().generate(requests, seed)
+
+
+def first_turn_or_nothing(trainer):
+    return FirstTurnOrNothing()
+
+
 class OracleOrPlain:
     """Even episodes play the oracle (reward 1), odd ones the oracle with every turn answered in plain
     text (reward 0). Messages are emitted as a model would: their tokens plus end-of-message."""

@@ -54,6 +54,32 @@ def test_a_generator_that_hands_one_episode_anothers_message_fails_the_compariso
     assert differences(model, ticked, wrong)
 
 
+def test_both_schedulers_ignore_the_models_own_generation_defaults(tiny, task_set):
+    """A hub chat model's generation_config.json may carry sampling options (Qwen2.5-Instruct:
+    top_k 20, repetition_penalty 1.05) that ``generate`` would apply where not told otherwise;
+    training samples with TRL's settings instead (top_k 0, repetition_penalty 1.0), on both paths."""
+    import torch
+    from transformers import GenerationConfig
+
+    model, tokenizer = tiny
+    own = model.generation_config
+    model.generation_config = GenerationConfig(**{**own.to_dict(), "repetition_penalty": 50.0, "top_k": 1, "no_repeat_ngram_size": 0})
+    try:
+        ticked = play(model, tokenizer, task_set, "lockstep", tasks=TASKS[:3])
+        continuous = play(model, tokenizer, task_set, "continuous", tasks=TASKS[:3])
+        assert differences(model, ticked, continuous) == []
+        # the control: told nothing, generate would have applied the penalty and changed the message
+        prompt = torch.tensor([ticked[0].trajectory.prompt_ids])
+        with torch.no_grad():
+            told = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                                  repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            untold = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False,
+                                    pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        assert told.tolist() != untold.tolist()
+    finally:
+        model.generation_config = own
+
+
 def test_sampled_runs_are_reproducible_and_an_episode_does_not_depend_on_its_batch_mates(tiny, task_set):
     model, tokenizer = tiny
     first = play(model, tokenizer, task_set, "continuous", temperature=1.0, tasks=TASKS[:4])

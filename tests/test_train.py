@@ -15,6 +15,7 @@ import torch
 from seal_rl.env import EnvConfig
 
 from seal_rl.errors import SealError
+from seal_rl.tasks import TaskSet
 from seal_rl.train import batch_layout, load_recipe, read_metrics, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,6 +133,7 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
         (["apatch.w_min=0"], "set enabled=False"),
         (["interface.preset=best"], "Unknown interface preset"),
         (["interface.min_count=0"], "interface.min_count must be an integer >= 1 or auto, got 0"),
+        (["reward=dense"], "Unknown reward .dense.; choose one of: binary, progress"),
         (["generator=magic"], "Unknown generator"),
         (["grpo.use_vllm=true", "grpo.vllm_mode=server"], "server mode gathers every rank"),
         (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
@@ -221,6 +223,37 @@ def test_group_advantages_are_group_relative(uninterrupted):
             rewards = torch.tensor([r["reward"] for r in group])
             expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
             assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_the_progress_reward_gives_advantages_where_the_binary_reward_gives_none(tiny_path, tmp_path, loss_inputs):
+    """Every episode fails (binary 0), half of them after passing the first of their turns: binary
+    GRPO has nothing to learn from; with ``reward: progress`` the groups carry advantages computed
+    from the share of turns passed, and those reach TRL's loss."""
+    runs = {}
+    for reward in ("binary", "progress"):
+        loss_inputs.clear()
+        out = tmp_path / reward
+        train(_recipe(tiny_path, **{"grpo.max_steps": 1, "reward": reward, "generator": "tests.generators:first_turn_or_nothing"}), out)
+        runs[reward] = (_jsonl(out / "trajectories.jsonl"), read_metrics(out)[0], [a for batch in loss_inputs for a in batch])
+    for reward, (rows, metrics, reached) in runs.items():
+        assert [r["reward"] for r in rows] == [0.0] * len(rows) and metrics["rollout/reward"] == reward
+        assert metrics["rollout/progress_mean"] == pytest.approx(sum(r["progress"] for r in rows) / len(rows))
+        assert metrics["rollout/progress_mean"] > 0
+    rows, metrics, reached = runs["binary"]
+    assert all(r["advantage_before"] == 0 for r in rows) and metrics["rollout/groups_zero_variance"] == 1.0
+    rows, metrics, reached = runs["progress"]
+    task_set = TaskSet.load()
+    for row in rows:  # even episodes passed the first of the task's scorable turns, odd ones none
+        scorable = sum(1 for turn in task_set.get(row["task_id"]).ground_truth if turn)
+        assert row["progress"] in (0.0, 1 / scorable)
+    assert metrics["rollout/groups_zero_variance"] == 0.0
+    for task in {r["task_id"] for r in rows}:
+        group = [r for r in rows if r["task_id"] == task]
+        progress = torch.tensor([r["progress"] for r in group])
+        expected = (progress - progress.mean()) / (progress.std() + 1e-4)
+        assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
+        assert min(r["advantage_before"] for r in group) < 0 < max(r["advantage_before"] for r in group)
+    assert sorted(reached) == pytest.approx(sorted(r["advantage_after"] for r in rows), abs=1e-6)  # what the loss saw
 
 
 def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
@@ -318,7 +351,7 @@ def test_the_smoke_recipe_trains_the_tiny_model_on_its_own_generations(tmp_path)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "trained 1 rounds" in result.stdout
-    assert "interface seal: a component switches on when its label has >= 1000 turns" in result.stdout
+    assert "interface seal: a component switches on when its label has >= 1000 turns (min_count as set)" in result.stderr  # the banner
     assert "the seal interface can never switch on in this run" in result.stderr  # said at start, not found out later
     rows = _jsonl(out / "trajectories.jsonl")
     assert len(rows) == 8 and all(len(r["labels"]) > 0 for r in rows)

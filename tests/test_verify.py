@@ -12,8 +12,27 @@ SAMPLE_PER_CATEGORY = 75  # 300 perturbed transcripts here; benchmarks/different
 
 
 def test_ground_truth_scores_800_of_800(task_set):
-    failures = [t.id for t in task_set if verify(t, ground_truth_steps(ground_truth_calls(t))).reward != 1.0]
-    assert failures == []
+    verdicts = {t.id: verify(t, ground_truth_steps(ground_truth_calls(t))) for t in task_set}
+    assert [i for i, v in verdicts.items() if v.reward != 1.0] == []
+    assert [i for i, v in verdicts.items() if v.progress != 1.0] == []  # every turn passed: full progress
+
+
+def test_progress_is_the_share_of_scorable_turns_passed(task_set):
+    """Environment Tuning's progress reward on hand-made transcripts of multi_turn_base_0 (4 user
+    turns, each with ground-truth calls): where binary gives 0, progress counts the turns passed."""
+    task = task_set.get("multi_turn_base_0")
+    assert task.num_turns == 4 and all(task.ground_truth)
+    truth = ground_truth_steps(ground_truth_calls(task))
+    last_in_text = verify(task, [*truth[:3], []])  # the last turn answered in text only
+    assert (last_in_text.reward, last_in_text.progress) == (0.0, 0.75)
+    cut = verify(task, truth[:2], turns_reached=2)  # ended after two turns
+    assert (cut.reward, cut.progress) == (0.0, 0.5)
+    first_in_text = verify(task, [[], *truth[1:]])  # without turn 0's mkdir/mv no later state matches again
+    assert (first_in_text.reward, first_in_text.progress) == (0.0, 0.0)
+    abstain = task_set.get("multi_turn_base_167")  # its last turn's ground truth is to abstain: not scored
+    steps = ground_truth_steps(ground_truth_calls(abstain))
+    scorable = sum(1 for turn in abstain.ground_truth if turn)
+    assert verify(abstain, [*steps[:-2], [], steps[-1]]).progress == (scorable - 1) / scorable
 
 
 def test_ground_truth_positional_arguments_are_bound_by_signature(task_set):
@@ -40,6 +59,12 @@ def test_reward_and_first_failure_equal_the_official_checker_on_perturbed_transc
         official = official_check(task, env.calls_by_turn)
         assert env.verdict.reward == float(official["valid"]), task.id
         assert _first_failure(env.verdict) == official_failure(official), task.id
+        # progress: every scorable turn before the official first failure passed; all of them when valid
+        scorable = [t for t in range(task.num_turns) if task.ground_truth[t]]
+        first = official_failure(official)
+        before = len([t for t in scorable if first is None or t < first[0]])
+        assert before / len(scorable) <= env.verdict.progress <= (1.0 if first is None else (len(scorable) - 1) / len(scorable))
+        assert (env.verdict.progress == 1.0) == bool(official["valid"]), task.id
         outcomes[bool(official["valid"])] += 1
     assert outcomes[True] > 0 and outcomes[False] > 0, outcomes  # both verdicts were exercised
 

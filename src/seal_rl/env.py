@@ -498,6 +498,7 @@ def episode_record(env: BfclEnv) -> dict[str, Any]:
         "task_id": env.task.id,
         "category": env.task.category,
         "reward": env.verdict.reward,
+        "progress": env.verdict.progress,
         "end_reason": env.end_reason,
         "turns_reached": env.turns_reached,
         "num_turns": env.task.num_turns,

@@ -146,6 +146,21 @@ class Verdict:
         return all(turn.reached for turn in self.turns)
 
     @property
+    def progress(self) -> float:
+        """Environment Tuning's progress reward (arXiv 2510.10197): the share of scorable user turns
+        that were reached and pass the official per-turn checks (state, instances, execution
+        results), so an episode that solves 2 of 4 turns scores 0.5 where the binary reward gives 0.
+        An episode with no scorable turn scores its binary reward; an unscorable one 0.
+
+        Unlike the diagnosis's descriptive ``progress`` (:func:`seal_rl.diagnose.diagnose`), which
+        leaves unreached turns out, a turn the episode never reached counts as failed here: as a
+        reward, ending an episode early must never pay."""
+        scored = [turn for turn in self.turns if turn.scorable]
+        if not scored:
+            return self.reward
+        return sum(turn.reached and turn.passed for turn in scored) / len(scored)
+
+    @property
     def first_failure(self) -> TurnCheck | None:
         return next((turn for turn in self.turns if not turn.passed), None)
 
@@ -163,6 +178,7 @@ class Verdict:
         first = self.first_failure
         return {
             "reward": self.reward,
+            "progress": self.progress,
             "complete": self.complete,
             "error_type": self.error_type,
             "first_failure": None if first is None else {"turn": first.turn, "error_type": first.failure},

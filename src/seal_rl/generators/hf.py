@@ -224,7 +224,12 @@ class HFGenerator:
                 do_sample=sampling,
                 temperature=self.temperature if sampling else None,
                 top_p=self.top_p if sampling else None,
-                top_k=None,
+                # Stated, not left to the model: `generate` fills every unset option from the model's
+                # generation_config.json, then transformers' defaults (top_k 50; hub chat models
+                # often add top_k 20 and repetition_penalty 1.05). TRL samples with top_k 0 and
+                # repetition_penalty 1.0, and so does the continuous path (temperature, top-p only).
+                top_k=0,
+                repetition_penalty=1.0,
                 eos_token_id=sorted(self.chat.eos_ids),
                 pad_token_id=pad,
                 synced_gpus=self.lockstep is not None,

@@ -176,7 +176,7 @@ class BfclRollout:
         loop = self.loop
         rows = [{"round": r["round"], "step": trainer.state.global_step, "task_id": r["task_id"],
                  "group": f"{r['round']}:{r['task_id']}", "category": r["category"], "reward": r["reward"],
-                 "end_reason": r["end_reason"], "dropped": r.get("dropped"),
+                 "progress": r["progress"], "end_reason": r["end_reason"], "dropped": r.get("dropped"),
                  "labels": [t["label"] for t in r["diagnosis"]["labels"]], "reference_labels": r["reference_labels"],
                  "apatch_weight": w, "messages": r["messages"], "steps": r["steps"], "trace": r["trace"],
                  "verdict": r["verdict"], "diagnosis": r["diagnosis"]}
@@ -188,7 +188,8 @@ class BfclRollout:
         with open(self.out / "trajectories.jsonl", "a", encoding="utf-8") as handle:
             for row in rows:
                 jsonl.append(handle, row)
-        metrics = round_metrics(loop.state.round, trainer.state.global_step, rows, loop.state, loop._round_interface, loop.timing)
+        metrics = round_metrics(loop.state.round, trainer.state.global_step, rows, loop.state, loop._round_interface, loop.timing,
+                                loop.recipe.reward)  # fmt: skip
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics) + "\n")
         CONSOLE.print(round_summary(metrics, loop._round_interface, loop.state.interface), highlight=False, soft_wrap=True)

@@ -259,9 +259,10 @@ class SealLoop:
         self._round_weights = list(weights)
         if self.recipe.layout == "turn":
             seed = derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer), "turns")
-            samples = [s for r in rollouts for s in turn_samples(r, per_episode, min(chat.eos_ids), derived_seed(seed, r.index))]
+            samples = [s for r in rollouts for s in turn_samples(r, per_episode, min(chat.eos_ids), derived_seed(seed, r.index),
+                                                                   self.recipe.reward)]
         else:
-            samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids))} for r in rollouts]
+            samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids), self.recipe.reward)} for r in rollouts]
         return {
             "prompt_ids": [s["prompt_ids"] for s in samples],
             "completion_ids": [s["completion_ids"] for s in samples],
@@ -320,7 +321,8 @@ class SealLoop:
             rows.append({
                 "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],
                 "group": f"{record['round']}:{record['task_id']}",
-                "category": record["category"], "reward": record["reward"], "end_reason": record["end_reason"],
+                "category": record["category"], "reward": record["reward"], "progress": record["progress"],
+                "end_reason": record["end_reason"],
                 "dropped": record.get("dropped"),
                 "labels": [t["label"] for t in record["diagnosis"]["labels"]],
                 "reference_labels": record["reference_labels"], "apatch_weight": weight,
@@ -342,7 +344,8 @@ class SealLoop:
                         "changes": {k: list(v) for k, v in self._round_interface.diff(self.state.interface).items()}},
                        indent=1) + "\n"  # fmt: skip
         )
-        metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing)
+        metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing,
+                                self.recipe.reward)  # fmt: skip
         metrics.update({f"rollout/{key}": value for key, value in self._round_driver.items()})
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             jsonl.append(handle, metrics)
@@ -380,8 +383,9 @@ def round_summary(metrics: dict[str, Any], used: InterfaceState, following: Inte
     top = ", ".join(f"{k} {v:.0%}" for v, k in labels) or "none"
     before, after = set(used.active_components), set(following.active_components)
     changes = [f"+{c}" for c in sorted(after - before)] + [f"-{c}" for c in sorted(before - after)]
-    return (f"round {metrics['round']}: success {metrics['rollout/reward_mean']:.1%} of {metrics['rollout/episodes']} | "
-            f"zero-variance groups {metrics['rollout/groups_zero_variance']:.0%} | top labels {top} | "
+    return (f"round {metrics['round']}: success {metrics['rollout/reward_mean']:.1%} of {metrics['rollout/episodes']}, "
+            f"turns passed {metrics['rollout/progress_mean']:.1%} | zero-variance groups {metrics['rollout/groups_zero_variance']:.0%}"
+            f"{' (progress reward)' if metrics.get('rollout/reward') == 'progress' else ''} | top labels {top} | "
             f"A-Patch scale {metrics['apatch/scale_min']:.2f}–{metrics['apatch/scale_max']:.2f} | "
             f"interface {' '.join(changes) or 'unchanged'}")
 
@@ -407,8 +411,10 @@ def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe
 
 
 def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,
-                  used: InterfaceState, timing: Counter) -> dict[str, Any]:  # fmt: skip
-    """One ``metrics.jsonl`` line (metric names grouped by prefix)."""
+                  used: InterfaceState, timing: Counter, reward: str = "binary") -> dict[str, Any]:  # fmt: skip
+    """One ``metrics.jsonl`` line (metric names grouped by prefix). ``rollout/reward_mean`` is the
+    binary success and ``rollout/progress_mean`` the share of turns passed, whichever trains
+    (``reward``); ``rollout/groups_zero_variance`` is counted on the reward that trains."""
     by_category: dict[str, list[float]] = {}
     labels: Counter[str] = Counter()
     for row in rows:
@@ -418,13 +424,15 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
     weights = [row["apatch_weight"] for row in rows] or [1.0]
     groups: dict[str, set[float]] = {}
     for row in rows:
-        groups.setdefault(row["group"], set()).add(row["reward"])
+        groups.setdefault(row["group"], set()).add(row["reward"] if reward == "binary" else row["progress"])
     seconds = {k: round(v, 4) for k, v in timing.items()}
     return {
         "round": round_index,
         "step": step,
         "kind": "rollout",
+        "rollout/reward": reward,
         "rollout/reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows)),
+        "rollout/progress_mean": sum(r["progress"] for r in rows) / max(1, len(rows)),
         "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
         "rollout/episodes": len(rows),
         "rollout/groups_zero_variance": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),

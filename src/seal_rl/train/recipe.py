@@ -32,6 +32,7 @@ from seal_rl.interface import InterfaceConfig, InterfaceState
 from seal_rl.protocol import PROTOCOLS
 from seal_rl.rollout import SCHEDULERS, Budgets
 from seal_rl.sft import WarmStartConfig, check_source
+from seal_rl.train.samples import REWARDS
 
 
 @dataclass
@@ -201,6 +202,10 @@ class SealRecipe:
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
     or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
+    reward: str = "binary"
+    """what GRPO's advantages are computed from: ``binary`` (the paper's: 1 when every user turn
+    passes the official checks, else 0) or ``progress`` (Environment Tuning's: the share of user
+    turns that pass them). The round log reports both, whichever trains. See docs/training.md"""
     rollout_scheduler: str = "auto"
     """``continuous`` (each episode asks for its next message as soon as its environment has stepped;
     the engine batches whatever is pending at every decoding step), ``lockstep`` (ticks: every
@@ -323,6 +328,8 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError(f"shared_prefix must be auto, true or false; got {recipe.shared_prefix!r}.")
     if recipe.prefix_cache_tokens < 0:
         raise SealError(f"prefix_cache_tokens must be >= 0 (0 turns the cache off); got {recipe.prefix_cache_tokens}.")
+    if recipe.reward not in REWARDS:
+        raise SealError(f"Unknown reward {recipe.reward!r}; choose one of: {', '.join(REWARDS)}.")
     if recipe.rollout_scheduler not in (*SCHEDULERS, "auto"):
         raise SealError(f"Unknown rollout_scheduler {recipe.rollout_scheduler!r}; choose one of: {', '.join(SCHEDULERS)}, auto.")
     if recipe.rollout_scheduler == "continuous" and g.use_vllm and g.vllm_tensor_parallel_size > 1:
@@ -349,10 +356,10 @@ def planned_interface(recipe: SealRecipe, max_turns: int | None = None) -> tuple
     config, episodes = interface_config(recipe), episodes_per_window(recipe)
     if config.preset != "seal":
         return f"{config.preset} (fixed: the interface never changes during the run)", None
-    auto = recipe.interface.get("min_count", "auto") == "auto"
+    how = "auto: the paper's 8 per 256 episodes, scaled" if recipe.interface.get("min_count", "auto") == "auto" else "as set"
     window = f"{recipe.profile_window} round(s) x {recipe.grpo.tasks_per_step * recipe.grpo.num_generations} episodes"
     text = (f"seal: a component switches on when its label has >= {config.min_count} turns "
-            f"(min_count{' auto: the paper 8 per 256 episodes, scaled' if auto else ''}) and >= {config.prevalence_on:.0%} "
+            f"(min_count {how}) and >= {config.prevalence_on:.0%} "
             f"of the countable turns in the profile window ({window} = {episodes} episodes)")  # fmt: skip
     if max_turns is not None and config.min_count > episodes * max_turns:
         return text, (f"interface.min_count {config.min_count} is more turns than a profile window can hold ({episodes} episodes "

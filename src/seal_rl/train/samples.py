@@ -12,7 +12,12 @@ from typing import Any
 from seal_rl.rollout import Rollout
 
 
-def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
+REWARDS = ("binary", "progress")
+"""what the verifier's score for training is: the paper's all-or-nothing success (``binary``) or
+Environment Tuning's share of user turns passed (``progress``, :attr:`seal_rl.verify.Verdict.progress`)"""
+
+
+def trl_sample(rollout: Rollout, filler_token: int, reward: str = "binary") -> dict[str, Any]:
     """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward.
 
     An episode that produced no tokens (its opening prompt exceeded ``max_prompt_tokens``, or its
@@ -26,16 +31,17 @@ def trl_sample(rollout: Rollout, filler_token: int) -> dict[str, Any]:
         record["dropped"] = record["end_reason"]
         return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
     return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
-            "logprobs": trajectory.logprobs, "reward": _reward(record)}  # fmt: skip
+            "logprobs": trajectory.logprobs, "reward": training_reward(record, reward)}  # fmt: skip
 
 
-def _reward(record: dict[str, Any]) -> float | None:
-    """An episode's reward for TRL: None when it is unscorable (checker error, generation error)."""
+def training_reward(record: dict[str, Any], reward: str = "binary") -> float | None:
+    """An episode's reward for TRL (one of :data:`REWARDS`): None when it is unscorable (checker
+    error, generation error)."""
     unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
-    return None if unscorable else record["reward"]
+    return None if unscorable else record["reward"] if reward == "binary" else record["progress"]
 
 
-def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> list[dict[str, Any]]:
+def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int, reward: str = "binary") -> list[dict[str, Any]]:
     """What TRL trains on for one episode in the ``turn`` layout: ``count`` samples, each one model
     message with the prompt it was generated from (the model's own template's rendering of the
     conversation so far) and a loss mask of ones.
@@ -51,14 +57,14 @@ def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int) -> 
     import random
 
     record, turns = rollout.record, rollout.trajectory.turns
-    reward = _reward(record)
+    value = training_reward(record, reward)
     if not turns:
         record["dropped"] = record["end_reason"]
         return [{"prompt_ids": rollout.trajectory.prompt_ids, "completion_ids": [filler_token], "env_mask": [0],
                  "logprobs": [0.0], "reward": None}] * count  # fmt: skip
     chosen = sorted(random.Random(seed).sample(range(len(turns)), count)) if len(turns) > count else list(range(len(turns)))
     samples = [{"prompt_ids": turns[i][0], "completion_ids": turns[i][1], "env_mask": [1] * len(turns[i][1]),
-                "logprobs": turns[i][2], "reward": reward} for i in chosen]  # fmt: skip
+                "logprobs": turns[i][2], "reward": value} for i in chosen]  # fmt: skip
     last = samples[-1]
     samples += [{**last, "env_mask": [0] * len(last["completion_ids"])}] * (count - len(samples))
     return samples
