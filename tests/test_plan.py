@@ -298,8 +298,18 @@ def test_the_paper_recipe_fits_on_four_80_gib_gpus_with_zero3(monkeypatch, capsy
     code, out, err = _plan(monkeypatch, capsys, "--gpus", "4", "--gpu-memory", "80", "--strategy", "zero3")
     assert code == 0, err
     assert out.rstrip().splitlines()[-1].startswith("fits (") and err == ""
-    for text in ("steps_per_generation 64", "gradient_accumulation_steps 16", "57,344 bytes/token", "72 rounds"):
+    for text in ("steps_per_generation 64", "gradient_accumulation_steps 16", "57,344 bytes/token", "72 rounds",
+                 "interface: paper (fixed: the interface never changes during the run)"):  # fmt: skip
         assert text in out, text
+
+
+def test_the_plan_says_from_how_many_turns_the_seal_interface_switches_on(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "--config", "configs/seal-full.yaml", "--set", "model.path=preset:qwen2.5-7b",
+                             "--set", "grpo.tasks_per_step=8", "--gpus", "4", "--gpu-memory", "80")  # fmt: skip
+    assert code == 0, err
+    flat = " ".join(out.split())  # the console wraps long notes
+    assert "label has >= 2 turns (min_count auto: the paper's 8 per 256 episodes, scaled)" in flat  # 8 tasks x 8 = 64 episodes
+    assert "(1 round(s) x 64 episodes = 64 episodes)" in flat
 
 
 def test_the_qwen3_recipe_fits_on_four_80_gib_gpus_and_says_its_kv_cache(monkeypatch, capsys):
