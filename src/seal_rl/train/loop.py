@@ -39,7 +39,7 @@ from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.recipe import SealRecipe, interface_config
 from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
-from seal_rl.train.samples import trl_sample, turn_samples
+from seal_rl.train.samples import REWARD_FIELDS, trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
 
 
@@ -424,7 +424,7 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
     weights = [row["apatch_weight"] for row in rows] or [1.0]
     groups: dict[str, set[float]] = {}
     for row in rows:
-        groups.setdefault(row["group"], set()).add(row["reward"] if reward == "binary" else row["progress"])
+        groups.setdefault(row["group"], set()).add(row[REWARD_FIELDS[reward]])
     seconds = {k: round(v, 4) for k, v in timing.items()}
     return {
         "round": round_index,

@@ -357,7 +357,7 @@ def planned_interface(recipe: SealRecipe, max_turns: int | None = None) -> tuple
     if config.preset != "seal":
         return f"{config.preset} (fixed: the interface never changes during the run)", None
     how = "auto: the paper's 8 per 256 episodes, scaled" if recipe.interface.get("min_count", "auto") == "auto" else "as set"
-    window = f"{recipe.profile_window} round(s) x {recipe.grpo.tasks_per_step * recipe.grpo.num_generations} episodes"
+    window = f"{recipe.profile_window} round(s) x {episodes // recipe.profile_window} episodes"
     text = (f"seal: a component switches on when its label has >= {config.min_count} turns "
             f"(min_count {how}) and >= {config.prevalence_on:.0%} "
             f"of the countable turns in the profile window ({window} = {episodes} episodes)")  # fmt: skip

@@ -12,9 +12,11 @@ from typing import Any
 from seal_rl.rollout import Rollout
 
 
-REWARDS = ("binary", "progress")
-"""what the verifier's score for training is: the paper's all-or-nothing success (``binary``) or
-Environment Tuning's share of user turns passed (``progress``, :attr:`seal_rl.verify.Verdict.progress`)"""
+REWARD_FIELDS = {"binary": "reward", "progress": "progress"}
+"""what the verifier's score for training is, and the episode record's field that holds it: the
+paper's all-or-nothing success (``binary``) or Environment Tuning's share of user turns passed
+(``progress``, :attr:`seal_rl.verify.Verdict.progress`)"""
+REWARDS = tuple(REWARD_FIELDS)
 
 
 def trl_sample(rollout: Rollout, filler_token: int, reward: str = "binary") -> dict[str, Any]:
@@ -38,7 +40,7 @@ def training_reward(record: dict[str, Any], reward: str = "binary") -> float | N
     """An episode's reward for TRL (one of :data:`REWARDS`): None when it is unscorable (checker
     error, generation error)."""
     unscorable = record["verdict"].get("checker_error") or record["end_reason"] == "generation_error"
-    return None if unscorable else record["reward"] if reward == "binary" else record["progress"]
+    return None if unscorable else record[REWARD_FIELDS[reward]]
 
 
 def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int, reward: str = "binary") -> list[dict[str, Any]]:
