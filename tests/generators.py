@@ -99,3 +99,38 @@ class FirstCallFails(OracleMix):
 
 def first_call_fails(trainer):
     return FirstCallFails()
+
+
+LADDER_TASK = "multi_turn_base_4"
+"""three user turns, every one scorable; one oracle call message and one answer per turn"""
+
+
+def ladder_script(task, episode: int) -> list[tuple[str, int]]:
+    """Episode e of a group of 4 plays the ground truth of the first 3 - e user turns, then answers
+    each remaining turn in text (tagged with its episode): turn outcomes [1,1,1], [1,1,0], [1,0,0],
+    [0,0,0]. Returns (message, user turn) in order."""
+    passed = 3 - episode % 4
+    script = []
+    for turn in range(task.num_turns):
+        if turn < passed:
+            before = oracle_transcript(task, ground_truth_calls(task)[:turn], get_format("hermes"))[0]
+            upto = oracle_transcript(task, ground_truth_calls(task)[: turn + 1], get_format("hermes"))[0]
+            script += [(m, turn) for m in upto[len(before):]]
+        else:
+            script.append((f"Episode {episode % 4} answers turn {turn} in text.", turn))
+    return script
+
+
+class TurnLadder(OracleMix):
+    """Plays :func:`ladder_script`: a group of 4 whose episodes pass 3, 2, 1 and 0 leading turns."""
+
+    def generate(self, requests, seed):
+        for request in requests:
+            key = (request.task.id, request.episode)
+            if key not in self.agents:
+                self.agents[key] = ScriptedAgent([m for m, _ in ladder_script(request.task, request.episode)])
+        return super().generate(requests, seed)
+
+
+def turn_ladder(trainer):
+    return TurnLadder()

@@ -333,7 +333,7 @@ def test_an_episode_over_the_prompt_budget_becomes_one_masked_token(tiny_path, t
                               chat=chat, budgets=Budgets(max_prompt_tokens=16))  # fmt: skip
     sample = trl_sample(rollout, 7)
     assert rollout.record["end_reason"] == "prompt_budget" and rollout.record["dropped"] == "prompt_budget"
-    assert sample == {"completion_ids": [7], "env_mask": [0], "logprobs": [0.0], "reward": None}
+    assert sample == {"completion_ids": [7], "env_mask": [0], "logprobs": [0.0], "reward": None, "turns": [-1]}
 
 
 def test_an_existing_run_is_not_overwritten(uninterrupted, tiny_path):
@@ -599,6 +599,7 @@ def test_turn_samples_draw_messages_pad_with_masked_copies_and_carry_the_episode
     def rollout(messages, reward=1.0, end_reason="completed", checker_error=None):
         trajectory = Trajectory([1, 2, 3])
         trajectory.turns = [([1, 2, 3] + [9] * i, [10 + i, 11 + i], [-0.5, None]) for i in range(messages)]
+        trajectory.message_turns = [(2 * i, i // 2) for i in range(messages)]  # two messages per user turn
         record = {"reward": reward, "end_reason": end_reason, "verdict": {"checker_error": checker_error}}
         return Rollout(0, record, trajectory)
 
@@ -608,6 +609,7 @@ def test_turn_samples_draw_messages_pad_with_masked_copies_and_carry_the_episode
     assert drawn == sorted(set(drawn)) and all(0 <= i < 5 for i in drawn)  # without replacement, in message order
     assert all(s["prompt_ids"] == [1, 2, 3] + [9] * (s["completion_ids"][0] - 10) for s in five)  # each with its own prompt
     assert all(s["env_mask"] == [1, 1] and s["reward"] == 1.0 and s["logprobs"] == [-0.5, None] for s in five)
+    assert all(s["turns"] == [(s["completion_ids"][0] - 10) // 2] * 2 for s in five)  # the user turn each message answers
     two = turn_samples(rollout(2, reward=0.0), 4, 0, seed=7)
     assert [s["env_mask"] for s in two] == [[1, 1], [1, 1], [0, 0], [0, 0]]  # masked copies: no loss, same reward
     assert {s["reward"] for s in two} == {0.0} and two[3]["completion_ids"] == two[1]["completion_ids"]

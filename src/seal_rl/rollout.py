@@ -409,10 +409,10 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         prefix = state.trajectory.ids
         if generation.token_ids is not None:
             token_ids = generation.token_ids
-            state.trajectory.add_model(token_ids, generation.logprobs)
+            state.trajectory.add_model(token_ids, generation.logprobs, turn=env.turn)
         else:  # a text-only generator: re-encoded tokens have no sampling log-probabilities
             token_ids = chat.encode(generation.text)
-            state.trajectory.add_model(token_ids)
+            state.trajectory.add_model(token_ids, turn=env.turn)
         if chat.turns:
             given = list(generation.logprobs or [])[: len(token_ids)]
             state.trajectory.turns.append((list(state.prompt_ids or prefix), list(token_ids), given + [None] * (len(token_ids) - len(given))))

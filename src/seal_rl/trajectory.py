@@ -58,13 +58,17 @@ class Trajectory:
     turns: list[tuple[list[int], list[int], list[float | None]]] = field(default_factory=list)
     """``turn`` layout (:meth:`ChatTokens.for_turns`): each model message as (the prompt it was
     generated from, its token ids, their log-probabilities)"""
+    message_turns: list[tuple[int, int]] = field(default_factory=list)
+    """each model message's first position in ``completion_ids`` and the user turn it answers
+    (turn-level credit, :mod:`seal_rl.credit`); in the ``turn`` layout entry i is ``turns[i]``'s"""
 
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
 
-    def add_model(self, token_ids: Sequence[int], logprobs: Sequence[float | None] | None = None) -> None:
+    def add_model(self, token_ids: Sequence[int], logprobs: Sequence[float | None] | None = None, turn: int = -1) -> None:
         n = len(token_ids)
+        self.message_turns.append((len(self.completion_ids), turn))
         given = list(logprobs or [])[:n]
         self.completion_ids += list(token_ids)
         self.env_mask += [1] * n

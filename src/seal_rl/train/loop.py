@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from seal_rl import jsonl
 from seal_rl.apatch import ApatchConfig, budgeted, trajectory_weight, update_label_weights
+from seal_rl.credit import anchors_with_signal, turn_outcomes
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
@@ -263,7 +264,7 @@ class SealLoop:
                                                                    self.recipe.reward)]
         else:
             samples = [{"prompt_ids": r.trajectory.prompt_ids, **trl_sample(r, min(chat.eos_ids), self.recipe.reward)} for r in rollouts]
-        return {
+        output = {
             "prompt_ids": [s["prompt_ids"] for s in samples],
             "completion_ids": [s["completion_ids"] for s in samples],
             "logprobs": [s["logprobs"] for s in samples],
@@ -271,12 +272,34 @@ class SealLoop:
             "seal_reward": [s["reward"] for s in samples],
             "apatch_weight": [w for w in weights for _ in range(per_episode)],  # a turn sample has its episode's weight (Eq. 12)
         }
+        if self.recipe.credit == "turn":  # what SealGRPOTrainer's turn term needs (seal_rl.credit)
+            output["seal_token_turns"] = [s["turns"] for s in samples]
+            output["seal_turn_outcomes"] = [turn_outcomes(r.record) for r in rollouts for _ in range(per_episode)]
+            output["seal_turn_weights"] = [self._turn_weights(r.record) for r in rollouts for _ in range(per_episode)]
+        return output
 
     def _labels(self, record: dict[str, Any]) -> list[str]:
         if self.apatch.preset == "reference":
             return record["reference_labels"]
         turns = record["diagnosis"]["labels"]
         return [t["label"] for t in turns if self.apatch.count_inherited or not t["evidence"].get("inherited")]
+
+    def _turn_weights(self, record: dict[str, Any]) -> list[float]:
+        """v(z_k) of each user turn: Eq. 11 on the turn's own label alone (1 for a label not counted:
+        excluded, inherited unless ``count_inherited``, or A-Patch off), for the turn term."""
+        weights = [1.0] * record["num_turns"]
+        if not self.apatch.enabled:
+            return weights
+        if self.apatch.preset == "reference":
+            labels = dict(enumerate(record["reference_labels"]))
+        else:
+            labels = {t["turn"]: t["label"] for t in record["diagnosis"]["labels"]
+                      if self.apatch.count_inherited or not t["evidence"].get("inherited")}  # fmt: skip
+        for turn, label in labels.items():
+            if 0 <= turn < len(weights):
+                weights[turn] = trajectory_weight([label], self.state.label_weights, w_min=self.apatch.w_min,
+                                                  w_max=self.apatch.w_max, excluded=self.apatch.excluded)  # fmt: skip
+        return weights
 
     def _weight(self, record: dict[str, Any]) -> float:
         if not self.apatch.enabled:
@@ -312,12 +335,16 @@ class SealLoop:
 
     # after TRL's advantages -------------------------------------------------------------------
 
-    def after_advantages(self, trainer: Any, inputs: list[dict[str, Any]], before: Any, after: Any) -> None:
-        """Log the round: trajectories with advantages before/after A-Patch, metrics, profile, Ω."""
+    def after_advantages(self, trainer: Any, inputs: list[dict[str, Any]], before: Any, after: Any,
+                         turn_terms: list[list[float]] | None = None) -> None:  # fmt: skip
+        """Log the round: trajectories with advantages before/after A-Patch (and, under ``credit: turn``,
+        each episode's turn advantages Ã(g, k)), metrics, profile, Ω."""
         rows = []
         per_episode = self.recipe.turn_samples if self.recipe.layout == "turn" else 1
         before, after = before[::per_episode], after[::per_episode]  # an episode's turn samples share its advantage
-        for record, weight, a, b in zip(self._round_rollouts, self._round_weights, before.tolist(), after.tolist(), strict=True):
+        terms = turn_terms if turn_terms is not None else [None] * len(self._round_rollouts)
+        for record, weight, a, b, term in zip(self._round_rollouts, self._round_weights, before.tolist(), after.tolist(), terms,
+                                              strict=True):  # fmt: skip
             rows.append({
                 "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],
                 "group": f"{record['round']}:{record['task_id']}",
@@ -326,7 +353,8 @@ class SealLoop:
                 "dropped": record.get("dropped"),
                 "labels": [t["label"] for t in record["diagnosis"]["labels"]],
                 "reference_labels": record["reference_labels"], "apatch_weight": weight,
-                "advantage_before": a, "advantage_after": b, "messages": record["messages"], "steps": record["steps"],
+                "advantage_before": a, "advantage_after": b, "turn_outcomes": turn_outcomes(record), "turn_advantages": term,
+                "messages": record["messages"], "steps": record["steps"],
                 "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
             })  # fmt: skip
         rows = _gather(trainer, rows)
@@ -345,7 +373,7 @@ class SealLoop:
                        indent=1) + "\n"  # fmt: skip
         )
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing,
-                                self.recipe.reward)  # fmt: skip
+                                self.recipe.reward, self.recipe.credit)  # fmt: skip
         metrics.update({f"rollout/{key}": value for key, value in self._round_driver.items()})
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             jsonl.append(handle, metrics)
@@ -385,7 +413,9 @@ def round_summary(metrics: dict[str, Any], used: InterfaceState, following: Inte
     changes = [f"+{c}" for c in sorted(after - before)] + [f"-{c}" for c in sorted(before - after)]
     return (f"round {metrics['round']}: success {metrics['rollout/reward_mean']:.1%} of {metrics['rollout/episodes']}, "
             f"turns passed {metrics['rollout/progress_mean']:.1%} | zero-variance groups {metrics['rollout/groups_zero_variance']:.0%}"
-            f"{' (progress reward)' if metrics.get('rollout/reward') == 'progress' else ''} | top labels {top} | "
+            f"{' (progress reward)' if metrics.get('rollout/reward') == 'progress' else ''}"
+            f"{' | turn anchors varied ' + format(metrics['rollout/turn_anchors_varied'], '.0%') if metrics.get('rollout/credit') == 'turn' else ''}"
+            f" | top labels {top} | "
             f"A-Patch scale {metrics['apatch/scale_min']:.2f}–{metrics['apatch/scale_max']:.2f} | "
             f"interface {' '.join(changes) or 'unchanged'}")
 
@@ -411,10 +441,12 @@ def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe
 
 
 def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,
-                  used: InterfaceState, timing: Counter, reward: str = "binary") -> dict[str, Any]:  # fmt: skip
+                  used: InterfaceState, timing: Counter, reward: str = "binary", credit: str = "episode") -> dict[str, Any]:  # fmt: skip
     """One ``metrics.jsonl`` line (metric names grouped by prefix). ``rollout/reward_mean`` is the
     binary success and ``rollout/progress_mean`` the share of turns passed, whichever trains
-    (``reward``); ``rollout/groups_zero_variance`` is counted on the reward that trains."""
+    (``reward``); ``rollout/groups_zero_variance`` is counted on the reward that trains, and
+    ``rollout/turn_anchors_varied`` is the share of (task, user turn) anchors whose episodes' turn
+    outcomes differ: where ``credit: turn`` has a gradient."""
     by_category: dict[str, list[float]] = {}
     labels: Counter[str] = Counter()
     for row in rows:
@@ -423,19 +455,24 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
     total = sum(labels.values()) or 1
     weights = [row["apatch_weight"] for row in rows] or [1.0]
     groups: dict[str, set[float]] = {}
+    outcomes: dict[str, list[list[float | None]]] = {}
     for row in rows:
         groups.setdefault(row["group"], set()).add(row[REWARD_FIELDS[reward]])
+        outcomes.setdefault(row["group"], []).append(row.get("turn_outcomes") or [])
+    varied, anchors = anchors_with_signal(list(outcomes.values()))
     seconds = {k: round(v, 4) for k, v in timing.items()}
     return {
         "round": round_index,
         "step": step,
         "kind": "rollout",
         "rollout/reward": reward,
+        "rollout/credit": credit,
         "rollout/reward_mean": sum(r["reward"] for r in rows) / max(1, len(rows)),
         "rollout/progress_mean": sum(r["progress"] for r in rows) / max(1, len(rows)),
         "rollout/success_by_category": {k: sum(v) / len(v) for k, v in sorted(by_category.items())},
         "rollout/episodes": len(rows),
         "rollout/groups_zero_variance": sum(len(v) == 1 for v in groups.values()) / max(1, len(groups)),
+        "rollout/turn_anchors_varied": varied / max(1, anchors),
         "rollout/dropped": dict(Counter(row["dropped"] for row in rows if row.get("dropped"))),
         "labels/share": {k: v / total for k, v in sorted(labels.items())},
         "apatch/scale_mean": sum(weights) / len(weights),

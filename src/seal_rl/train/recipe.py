@@ -24,6 +24,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from seal_rl import recipes
 from seal_rl.apatch import ApatchConfig
+from seal_rl.credit import CREDITS
 from seal_rl.diagnose import PRIORITIES
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
@@ -206,6 +207,14 @@ class SealRecipe:
     """what GRPO's advantages are computed from: ``binary`` (the paper's: 1 when every user turn
     passes the official checks, else 0) or ``progress`` (Environment Tuning's: the share of user
     turns that pass them). The round log reports both, whichever trains. See docs/training.md"""
+    credit: str = "episode"
+    """``episode`` (GRPO's: every token of an episode gets its group advantage) or ``turn`` (GiGPO with
+    (task, user turn) anchors: each model token of user turn k also gets ``credit_weight`` times that
+    turn's pass/fail normalised over the group's episodes at turn k, weighted by the turn's own A-Patch
+    label weight; :mod:`seal_rl.credit`). See docs/training.md, section "Turn-level credit"."""
+    credit_weight: float = 1.0
+    """ω, the weight of the turn term under ``credit: turn`` (GiGPO's default 1); 0 gives exactly
+    ``credit: episode``'s advantages"""
     rollout_scheduler: str = "auto"
     """``continuous`` (each episode asks for its next message as soon as its environment has stepped;
     the engine batches whatever is pending at every decoding step), ``lockstep`` (ticks: every
@@ -294,6 +303,10 @@ def validate(recipe: SealRecipe) -> None:
     _section("interface", InterfaceConfig, recipe.interface)
     _section("apatch", ApatchConfig, recipe.apatch)
     g = recipe.grpo
+    if recipe.credit not in CREDITS:
+        raise SealError(f"credit must be one of {', '.join(CREDITS)}, got {recipe.credit!r}.")
+    if not recipe.credit_weight >= 0:
+        raise SealError(f"credit_weight (ω) must be >= 0 (0: the episode advantages alone), got {recipe.credit_weight}.")
     if recipe.layout not in LAYOUTS:
         raise SealError(f"layout must be one of {', '.join(LAYOUTS)}, got {recipe.layout!r}.")
     b = g.per_device_train_batch_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from seal_rl.credit import NO_TURN, token_turns
 from seal_rl.rollout import Rollout
 
 
@@ -20,7 +21,8 @@ REWARDS = tuple(REWARD_FIELDS)
 
 
 def trl_sample(rollout: Rollout, filler_token: int, reward: str = "binary") -> dict[str, Any]:
-    """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward.
+    """What TRL trains on for one episode: completion ids, the loss mask, sampling log-probs, reward,
+    and the user turn of each completion token (``turns``, for turn-level credit).
 
     An episode that produced no tokens (its opening prompt exceeded ``max_prompt_tokens``, or its
     first generation failed) cannot be handed to TRL as is (an empty completion crashes it): it
@@ -31,9 +33,10 @@ def trl_sample(rollout: Rollout, filler_token: int, reward: str = "binary") -> d
     record, trajectory = rollout.record, rollout.trajectory
     if not trajectory.completion_ids:
         record["dropped"] = record["end_reason"]
-        return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None}
+        return {"completion_ids": [filler_token], "env_mask": [0], "logprobs": [0.0], "reward": None, "turns": [NO_TURN]}
     return {"completion_ids": trajectory.completion_ids, "env_mask": trajectory.env_mask,
-            "logprobs": trajectory.logprobs, "reward": training_reward(record, reward)}  # fmt: skip
+            "logprobs": trajectory.logprobs, "reward": training_reward(record, reward),
+            "turns": token_turns(trajectory.message_turns, trajectory.env_mask)}  # fmt: skip
 
 
 def training_reward(record: dict[str, Any], reward: str = "binary") -> float | None:
@@ -46,7 +49,8 @@ def training_reward(record: dict[str, Any], reward: str = "binary") -> float | N
 def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int, reward: str = "binary") -> list[dict[str, Any]]:
     """What TRL trains on for one episode in the ``turn`` layout: ``count`` samples, each one model
     message with the prompt it was generated from (the model's own template's rendering of the
-    conversation so far) and a loss mask of ones.
+    conversation so far), a loss mask of ones and the user turn the message answers (``turns``,
+    one per token).
 
     An episode with more messages gives ``count`` of them, drawn without replacement from
     ``seed`` (in message order); one with fewer gives all of them, then masked copies of its last,
@@ -63,10 +67,11 @@ def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int, rew
     if not turns:
         record["dropped"] = record["end_reason"]
         return [{"prompt_ids": rollout.trajectory.prompt_ids, "completion_ids": [filler_token], "env_mask": [0],
-                 "logprobs": [0.0], "reward": None}] * count  # fmt: skip
+                 "logprobs": [0.0], "reward": None, "turns": [NO_TURN]}] * count  # fmt: skip
     chosen = sorted(random.Random(seed).sample(range(len(turns)), count)) if len(turns) > count else list(range(len(turns)))
+    answers = [turn for _, turn in rollout.trajectory.message_turns]
     samples = [{"prompt_ids": turns[i][0], "completion_ids": turns[i][1], "env_mask": [1] * len(turns[i][1]),
-                "logprobs": turns[i][2], "reward": value} for i in chosen]  # fmt: skip
+                "logprobs": turns[i][2], "reward": value, "turns": [answers[i]] * len(turns[i][1])} for i in chosen]  # fmt: skip
     last = samples[-1]
     samples += [{**last, "env_mask": [0] * len(last["completion_ids"])}] * (count - len(samples))
     return samples

@@ -202,12 +202,50 @@ def make_trainer_class():
 
             before = output["advantages"].clone()
             weight_tensor = torch.tensor(weights, dtype=before.dtype, device=before.device)
-            output["advantages"] = reweight(before, weight_tensor, self.seal.apatch.apply_to)
+            output["advantages"] = after = reweight(before, weight_tensor, self.seal.apatch.apply_to)
             self.seal.apatch_hook_calls += 1
-            self.seal.after_advantages(self, inputs, before, output["advantages"])
+            terms = None
+            if self.seal.recipe.credit == "turn":
+                recipe = self.seal.recipe
+                output["advantages"], terms = turn_credit(
+                    self, inputs, after, output["completion_ids"].shape[1], omega=recipe.credit_weight,
+                    per_episode=recipe.turn_samples if recipe.layout == "turn" else 1, apply_to=self.seal.apatch.apply_to)  # fmt: skip
+            self.seal.after_advantages(self, inputs, before, after, terms)
             return output
 
     return SealGRPOTrainer
+
+
+def turn_credit(trainer: Any, inputs: list[dict[str, Any]], advantages: Any, width: int, *, omega: float,
+                per_episode: int = 1, apply_to: str = "all") -> tuple[Any, list[list[float]]]:  # fmt: skip
+    """Per-token advantages under ``credit: turn`` (:mod:`seal_rl.credit`): ``[B, width]``, each model
+    token of user turn k of episode g at w_g·A_g + ω·v_k·Ã(g, k); and this process's episodes' Ã.
+
+    ``advantages``: this process's (B,) group advantages (after A-Patch, where the trainer applies
+    it); ``inputs``: the samples with the ``seal_token_turns``, ``seal_turn_outcomes`` and
+    ``seal_turn_weights`` fields :class:`~seal_rl.train.loop.SealLoop` adds. Ã needs whole groups,
+    which TRL's global batch may spread over ranks, so the episodes' turn outcomes are gathered (a
+    collective) and grouped as TRL groups its rewards: ``num_generations`` consecutive samples, of
+    which the ``turn`` layout's ``per_episode`` consecutive ones are one episode."""
+    import torch
+
+    from seal_rl.credit import token_advantages, turn_advantages
+    from seal_rl.train.loop import _gather
+
+    mine = [x["seal_turn_outcomes"] for x in inputs[::per_episode]]
+    everyone = _gather(trainer, mine)
+    size = trainer.num_generations // per_episode  # episodes per group
+    scale = trainer.scale_rewards != "none"
+    terms = [t for start in range(0, len(everyone), size) for t in turn_advantages(everyone[start:start + size], scale=scale)]
+    offset = trainer.accelerator.process_index * len(mine)
+    local = terms[offset:offset + len(mine)]
+    values = advantages.tolist()
+    rows = []
+    for i, x in enumerate(inputs):
+        row = token_advantages(values[i], local[i // per_episode], x["seal_token_turns"], omega=omega,
+                               turn_weights=x["seal_turn_weights"], apply_to=apply_to)
+        rows.append(row[:width] + [values[i]] * (width - len(row)))
+    return torch.tensor(rows, dtype=advantages.dtype, device=advantages.device), local
 
 
 def _reordered(value: Any, order: list[int]) -> Any:
