@@ -144,8 +144,30 @@ def _messages_at_the_loss(seen) -> list[tuple[tuple[int, ...], float]]:
     return sorted(found)
 
 
+HALF, THIRD = 0.5 + 1e-4, math.sqrt(1 / 3) + 1e-4
+LADDER_TURN_TERMS = [[0.25 / HALF, 0.25 / HALF, 0.25 / HALF, -0.75 / HALF], [0.5 / THIRD, 0.5 / THIRD, -0.5 / THIRD, -0.5 / THIRD],
+                     [0.75 / HALF, -0.25 / HALF, -0.25 / HALF, -0.25 / HALF]]  # fmt: skip
+"""Ã(g, k) of the ladder group by hand: row k, column g (turn outcomes 1110, 1100, 1000)"""
+
+
+def _ladder_expected(tokenizer, per: int = 1, shift: int = 0) -> list[tuple[tuple[int, ...], float]]:
+    """(token ids, A_g + Ã(g, k)) of every message of the ladder group (:func:`tests.generators.ladder_script`),
+    by hand. ``per``: TRL samples per episode (the episode term's std is over per x [1, 0, 0, 0]);
+    ``shift``: give each message the turn of the message ``shift`` later (the negative control)."""
+    spread = math.sqrt(0.75 * per / (4 * per - 1)) + 1e-4  # std of per x [1, 0, 0, 0], Bessel-corrected
+    episode = [0.75 / spread, -0.25 / spread, -0.25 / spread, -0.25 / spread]
+    task = TaskSet.load().get(LADDER_TASK)
+    values = []
+    for g in range(4):
+        script = ladder_script(task, g)
+        for i, (message, _) in enumerate(script):
+            k = script[min(i + shift, len(script) - 1)][1]
+            values.append((tuple(tokenizer(message, add_special_tokens=False)["input_ids"]), episode[g] + LADDER_TURN_TERMS[k][g]))
+    return sorted(values)
+
+
 @pytest.mark.parametrize("layout", ["episode", "turn"])
-def test_each_token_of_user_turn_k_gets_its_episode_advantage_plus_the_turns(tiny_model_dir, tmp_path, at_the_loss, layout):
+def test_each_token_of_user_turn_k_gets_its_episode_advantage_plus_the_turns(tiny_model_dir, tmp_path, at_the_loss, layout, capsys):
     """A hand-worked group of 4 on a 3-turn task: the episodes pass their first 3, 2, 1 and 0 user
     turns (binary rewards 1, 0, 0, 0). By hand, with TRL's group advantage (r − mean) / (std + 1e-4):
 
@@ -168,36 +190,21 @@ def test_each_token_of_user_turn_k_gets_its_episode_advantage_plus_the_turns(tin
         "grpo.per_device_train_batch_size": 4, "grpo.max_steps": 1, "credit": "turn", "apatch.enabled": False,
         "generator": "tests.generators:turn_ladder", **samples}), out)  # fmt: skip
 
+    said = capsys.readouterr().err
+    assert "reward binary; credit turn (each user turn's tokens also get omega 1 x" in said and "turn anchors varied 100%" in said
     rows = _jsonl(out / "trajectories.jsonl")
     assert sorted(r["turn_outcomes"] for r in rows) == [[0.0] * 3, [1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0] * 3]
-    half, third = 0.5 + 1e-4, math.sqrt(1 / 3) + 1e-4
-    per = 6 if layout == "turn" else 1
-    spread = math.sqrt(0.75 * per / (4 * per - 1)) + 1e-4  # std of per x [1, 0, 0, 0], Bessel-corrected
-    episode = [0.75 / spread, -0.25 / spread, -0.25 / spread, -0.25 / spread]
-    turn = [[0.25 / half, 0.25 / half, 0.25 / half, -0.75 / half], [0.5 / third, 0.5 / third, -0.5 / third, -0.5 / third],
-            [0.75 / half, -0.25 / half, -0.25 / half, -0.25 / half]]  # fmt: skip
-
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
-    task = TaskSet.load().get(LADDER_TASK)
-    scripts = [ladder_script(task, g) for g in range(4)]
-
-    def expected(shift: int) -> list[tuple[tuple[int, ...], float]]:
-        values = []
-        for g, script in enumerate(scripts):
-            for i, (message, _) in enumerate(script):
-                k = script[min(i + shift, len(script) - 1)][1]
-                values.append((tuple(tokenizer(message, add_special_tokens=False)["input_ids"]), episode[g] + turn[k][g]))
-        return sorted(values)
-
     seen = _messages_at_the_loss(at_the_loss)
-    truth, shifted = expected(0), expected(1)
+    per = 6 if layout == "turn" else 1
+    truth, shifted = _ladder_expected(tokenizer, per), _ladder_expected(tokenizer, per, shift=1)
     assert [ids for ids, _ in seen] == [ids for ids, _ in truth]  # every message of every episode, once
     assert [v for _, v in seen] == pytest.approx([v for _, v in truth], abs=1e-5)
     assert [v for _, v in seen] != pytest.approx([v for _, v in shifted], abs=1e-3)  # negative control
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["rollout/credit"] == "turn" and metrics["rollout/turn_anchors_varied"] == 1.0
     by_outcomes = {tuple(r["turn_outcomes"]): r["turn_advantages"] for r in rows}
-    assert by_outcomes[(1.0, 1.0, 0.0)] == pytest.approx([turn[0][1], turn[1][1], turn[2][1]], abs=1e-9)
+    assert by_outcomes[(1.0, 1.0, 0.0)] == pytest.approx([v[1] for v in LADDER_TURN_TERMS], abs=1e-9)
 
 
 def test_omega_zero_trains_exactly_as_episode_credit_and_omega_one_does_not(tiny_model_dir, tmp_path, at_the_loss):
@@ -219,3 +226,45 @@ def test_omega_zero_trains_exactly_as_episode_credit_and_omega_one_does_not(tiny
     assert all(torch.equal(zero[0][k], episode[0][k]) for k in episode[0])
     assert one[1] != episode[1]  # the turn term reaches the loss
     assert any(not torch.equal(one[0][k], episode[0][k]) for k in episode[0])
+
+
+# -- TRL's own GRPOTrainer through BfclRollout ---------------------------------------------------
+
+
+def test_trls_trainer_from_bfcl_trainer_class_trains_turn_credit_and_a_plain_one_is_refused(tiny_model_dir, tmp_path, at_the_loss):
+    """The TRL ``rollout_func`` path: a recipe with ``credit: turn`` needs per-token advantages, so
+    TRL's plain GRPOTrainer is refused with a one-line error; the trainer
+    :func:`~seal_rl.integrations.trl.bfcl_trainer_class` builds hands its loss the ladder group's
+    hand-worked values, as ``seal train`` does."""
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from seal_rl.integrations.trl import BfclRollout, bfcl_dataset, bfcl_reward, bfcl_trainer_class
+    from tests.generators import TurnLadder
+
+    class LadderRollout(BfclRollout):
+        def _generator(self, trainer):
+            return TurnLadder()
+
+    config = GRPOConfig(output_dir=str(tmp_path / "checkpoints"), num_generations=4, per_device_train_batch_size=4,
+                        max_steps=1, learning_rate=1e-3, beta=0.0, save_strategy="no", report_to="none",
+                        remove_unused_columns=False, use_cpu=True, logging_steps=1, max_completion_length=24)  # fmt: skip
+    dataset = bfcl_dataset(tasks=[LADDER_TASK])
+    rollout = LadderRollout("vanilla-grpo", overrides=["credit=turn", "budgets.max_completion_tokens=2048"], out=tmp_path / "plain")
+    plain = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[bfcl_reward], args=config, train_dataset=dataset,
+                        rollout_func=rollout)  # fmt: skip
+    with pytest.raises(SealError, match="bfcl_trainer_class") as error:
+        plain.train()
+    assert "\n" not in str(error.value)
+
+    rollout = LadderRollout("vanilla-grpo", overrides=["credit=turn", "budgets.max_completion_tokens=2048"], out=tmp_path / "seal")
+    trainer = bfcl_trainer_class()(model=str(tiny_model_dir), reward_funcs=[bfcl_reward], args=config, train_dataset=dataset,
+                                   rollout_func=rollout)  # fmt: skip
+    at_the_loss.clear()
+    trainer.train()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    seen, truth = _messages_at_the_loss(at_the_loss), _ladder_expected(tokenizer)
+    assert [ids for ids, _ in seen] == [ids for ids, _ in truth]
+    assert [v for _, v in seen] == pytest.approx([v for _, v in truth], abs=1e-5)
+    rows = _jsonl(tmp_path / "seal" / "trajectories.jsonl")
+    assert sorted(r["progress"] for r in rows) == pytest.approx([0, 1 / 3, 2 / 3, 1])

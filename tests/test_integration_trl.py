@@ -85,7 +85,7 @@ def test_samples_are_the_episode_token_exact_and_fields_reach_the_reward_functio
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from seal_rl.integrations.trl import BfclRollout, bfcl_reward, turn_pass_reward
+    from seal_rl.integrations.trl import BfclRollout, bfcl_reward, progress_reward, turn_pass_reward
     from seal_rl.trajectory import ChatTokens
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -109,6 +109,7 @@ def test_samples_are_the_episode_token_exact_and_fields_reach_the_reward_functio
         assert rendered.startswith(decoded[: len(decoded) - 40])  # the end may be cut by the budget mid-message
         assert output["turn_labels"][i] == row["labels"] and output["apatch_weight"][i] == row["apatch_weight"] == 1.0
     assert bfcl_reward([], [], seal_reward=output["seal_reward"]) == [r["reward"] for r in rows]
+    assert progress_reward([], [], seal_progress=output["seal_progress"]) == [r["progress"] for r in rows]
     shares = turn_pass_reward([], [], turn_labels=output["turn_labels"])
     assert shares == [sum(z == "pass" for z in r["labels"]) / len(r["labels"]) for r in rows]
 

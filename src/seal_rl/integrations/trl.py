@@ -9,14 +9,16 @@ each prompt's task as one whole episode — every user turn, reveals, budgets, t
 what TRL trains on: the token-exact prompt and completion ids, the sampling log-probabilities and
 ``env_mask`` (1 on model tokens, 0 on what the environment inserted: tool results, user turns).
 
-Every other field reaches the reward functions: ``seal_reward`` (the verifier's binary reward,
-``None`` when unscorable), ``turn_labels`` (the diagnosis Ψ of each user turn), ``apatch_weight``
-(w_j of Eq. 11) and ``task_id``. :func:`bfcl_reward` and :func:`turn_pass_reward` read them.
+Every other field reaches the reward functions: ``seal_reward`` (the verifier's reward the recipe
+names, binary or progress; ``None`` when unscorable), ``seal_progress`` (the progress reward),
+``turn_labels`` (the diagnosis Ψ of each user turn), ``apatch_weight`` (w_j of Eq. 11) and
+``task_id``. :func:`bfcl_reward`, :func:`progress_reward` and :func:`turn_pass_reward` read them.
 
 The closed loop runs as in ``seal train`` (:class:`seal_rl.train.loop.SealLoop`): the labels of
-each round update C_t, ρ(z) and Ω_{t+1}. What a plain ``GRPOTrainer`` does not do is Eq. 12: it
-does not multiply its advantages by w_j (``seal train``'s trainer does), nor does it forward a
-group's shared prompt once (docs/training.md); ``apatch_weight`` is there for a trainer that does.
+each round update C_t, ρ(z) and Ω_{t+1}. What a plain ``GRPOTrainer`` does not do is Eq. 12 (it
+does not multiply its advantages by w_j) or ``credit: turn``; :func:`bfcl_trainer_class` builds one
+that does both, as ``seal train``'s trainer does. Neither forwards a group's shared prompt once
+(docs/training.md).
 
     from trl import GRPOConfig, GRPOTrainer
     from seal_rl.integrations.trl import BfclRollout, bfcl_dataset, bfcl_reward
@@ -48,7 +50,7 @@ from seal_rl.tasks import TaskSet
 from seal_rl.train.loop import CONSOLE, SealLoop, _gather, round_metrics, round_summary
 from seal_rl.train.recipe import SealRecipe, load_recipe
 from seal_rl.train.run_dir import METRICS_FILE
-from seal_rl.train.samples import trl_sample
+from seal_rl.train.samples import training_reward, trl_sample
 
 
 def bfcl_dataset(split: str = "train", categories: Sequence[str] | None = None, tasks: Sequence[str] | None = None) -> Any:
@@ -68,15 +70,60 @@ def bfcl_dataset(split: str = "train", categories: Sequence[str] | None = None, 
 
 
 def bfcl_reward(prompts: list[Any], completions: list[Any], seal_reward: list[float | None], **kwargs: Any) -> list[float | None]:
-    """The verifier's reward of each episode: 1 when every turn passes the official checker's rules,
-    else 0; ``None`` for an unscorable episode (checker or generation error), which TRL leaves out."""
+    """The verifier's reward of each episode, as the recipe's ``reward`` names it: ``binary`` (the
+    default) 1 when every turn passes the official checker's rules, else 0; ``progress`` the share
+    of turns that pass. ``None`` for an unscorable episode (checker or generation error), which TRL
+    leaves out."""
     return list(seal_reward)
+
+
+def progress_reward(prompts: list[Any], completions: list[Any], seal_progress: list[float | None], **kwargs: Any) -> list[float | None]:
+    """Environment Tuning's progress reward of each episode (:attr:`seal_rl.verify.Verdict.progress`):
+    the share of scorable user turns that were reached and pass the official checks; ``None`` when
+    unscorable. :func:`bfcl_reward` gives the same under a recipe with ``reward: progress``."""
+    return list(seal_progress)
 
 
 def turn_pass_reward(prompts: list[Any], completions: list[Any], turn_labels: list[list[str]], **kwargs: Any) -> list[float | None]:
     """The share of an episode's user turns the diagnosis labels ``pass`` (a denser signal than
     :func:`bfcl_reward`; not the paper's reward: weight it yourself with ``reward_weights``)."""
     return [sum(label == "pass" for label in labels) / len(labels) if labels else None for labels in turn_labels]
+
+
+def bfcl_trainer_class(base: type | None = None) -> type:
+    """TRL's ``GRPOTrainer`` (or a subclass, ``base``) that also does what a :class:`BfclRollout`
+    recipe asks of the advantages: A-Patch's Ã_j = w_j · A_j (SEAL Eq. 12, when ``apatch.enabled``)
+    and ``credit: turn``'s per-token turn term (:func:`seal_rl.train.trainer.turn_credit`), as
+    ``seal train``'s trainer applies them. Its ``rollout_func`` must be a :class:`BfclRollout`."""
+    if base is None:
+        from trl import GRPOTrainer as base
+
+    class BfclGRPOTrainer(base):
+        seal_advantages = True
+        """marks a trainer that applies Eq. 12 and turn credit (:meth:`BfclRollout.__call__` checks it)"""
+
+        def _generate_and_score_completions(self, inputs):
+            import torch
+
+            from seal_rl.apatch import reweight
+            from seal_rl.train.trainer import turn_credit
+
+            output = super()._generate_and_score_completions(inputs)
+            rollout = self.rollout_func
+            if not isinstance(rollout, BfclRollout) or not self.model.training:  # TRL's evaluation trains nothing
+                return output
+            apatch, recipe = rollout.loop.apatch, rollout.recipe
+            advantages = output["advantages"]
+            if apatch.enabled:
+                weights = torch.tensor([float(x["apatch_weight"]) for x in inputs], dtype=advantages.dtype, device=advantages.device)
+                advantages = reweight(advantages, weights, apatch.apply_to)
+            if recipe.credit == "turn":
+                advantages, _ = turn_credit(self, inputs, advantages, output["completion_ids"].shape[1], omega=recipe.credit_weight,
+                                            apply_to=apatch.apply_to)  # fmt: skip
+            output["advantages"] = advantages
+            return output
+
+    return BfclGRPOTrainer
 
 
 class BfclRollout:
@@ -114,6 +161,10 @@ class BfclRollout:
         under the recipe's evaluation settings — the interface removed, ``eval.protocol`` — and the
         closed loop does not move: C_t, ρ(z) and Ω are the training rounds' alone."""
         self._check(prompts)
+        if self.recipe.credit == "turn" and not getattr(trainer, "seal_advantages", False):
+            raise SealError("credit: turn gives every token of a user turn its own advantage, which TRL's GRPOTrainer does not "
+                            "compute; build the trainer from seal_rl.integrations.trl.bfcl_trainer_class() (or use "
+                            "seal train), or set credit=episode.")  # fmt: skip
         self.loop.is_main = trainer.accelerator.is_main_process
         self._resolve_auto(trainer.processing_class)
         if not trainer.model.training:
@@ -122,6 +173,7 @@ class BfclRollout:
         records = self.loop._round_rollouts
         output["turn_labels"] = [[t["label"] for t in r["diagnosis"]["labels"]] for r in records]
         output["task_id"] = [r["task_id"] for r in records]
+        output["seal_progress"] = [training_reward(r, "progress") for r in records]
         self._log(trainer, records, output["apatch_weight"])
         return output
 
@@ -141,7 +193,8 @@ class BfclRollout:
         return {"prompt_ids": [s["prompt_ids"] for s in samples], "completion_ids": [s["completion_ids"] for s in samples],
                 "logprobs": [s["logprobs"] for s in samples], "env_mask": [s["env_mask"] for s in samples],
                 "seal_reward": [s["reward"] for s in samples], "turn_labels": labels, "apatch_weight": [1.0] * len(samples),
-                "task_id": [r.record["task_id"] for r in rollouts]}  # fmt: skip
+                "task_id": [r.record["task_id"] for r in rollouts],
+                "seal_progress": [training_reward(r.record, "progress") for r in rollouts]}  # fmt: skip
 
     def _check(self, prompts: list[Any]) -> None:
         for prompt in prompts:

@@ -259,6 +259,9 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
                         "auto": "shared prefixes auto"}[recipe.shared_prefix]  # fmt: skip
         + ("" if recipe.shared_prefix is False else " (each micro-batch forwarded once as a prefix tree; the round log counts the tokens)"),
         f"  interface {planned_interface(recipe)[0]}",
+        f"  reward {recipe.reward}; credit {recipe.credit}"
+        + (f" (each user turn's tokens also get omega {recipe.credit_weight:g} x the turn's pass/fail advantage within its group)"
+           if recipe.credit == "turn" else ""),
         f"  rollouts: generator {recipe.generator}, scheduler {planned_scheduler(recipe)}",
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip
