@@ -195,3 +195,36 @@ def test_seal_sft_on_an_eval_run_keeps_only_successful_episodes(tiny_model_dir, 
     code, _, err = run_cli(monkeypatch, capsys, "eval", "-p", f"hf:{tmp_path / 'sft' / 'model'}", "--tasks", "multi_turn_base_100",
                            "--max-new-tokens", "8", "--out", str(tmp_path / "eval"))  # fmt: skip
     assert code == 0, err
+
+
+def test_the_shared_prefix_warm_start_trains_as_trls_own_sft_forwarding_fewer_tokens(tiny_model_dir, task_set, tmp_path):
+    """``warm_start.sft.shared_prefix``: one SGD step on micro-batches of 4 transcripts (two sources of
+    the same tasks share their prompts) gives TRL's own loss, token accuracy and weight update, up to
+    float order, while forwarding fewer tokens; ``false`` forwards every sample whole."""
+    from safetensors.torch import load_file
+
+    from seal_rl.sft import SFTSettings, run_sft
+
+    samples = _samples(tiny_model_dir, task_set)
+    runs = {}
+    for setting in (False, True):
+        settings = SFTSettings(learning_rate=0.05, max_steps=2, per_device_train_batch_size=4, logging_steps=1,
+                               shared_prefix=setting, extra={"optim": "sgd"})  # fmt: skip
+        out = tmp_path / str(setting)
+        model = run_sft(tiny_model_dir, samples, settings, out)
+        log = [line for line in _jsonl(out / "sft_log.jsonl") if "loss" in line]
+        runs[setting] = (load_file(model / "model.safetensors"), log, json.loads((out / "sft.json").read_text()))
+    before = load_file(Path(tiny_model_dir) / "model.safetensors")
+    (plain, plain_log, plain_summary), (packed, packed_log, packed_summary) = runs[False], runs[True]
+    assert plain_summary["tokens"]["forwarded"] >= plain_summary["tokens"]["rows"]  # padded rows, every token
+    assert packed_summary["tokens"]["rows"] == plain_summary["tokens"]["rows"]
+    assert packed_summary["tokens"]["forwarded"] < 0.8 * packed_summary["tokens"]["rows"]
+    for a, b in zip(plain_log, packed_log, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4) and b["mean_token_accuracy"] == pytest.approx(a["mean_token_accuracy"], abs=1e-6)
+        assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-4)
+    moved = 0.0
+    for key in before:
+        update_plain, update_packed = plain[key] - before[key], packed[key] - before[key]
+        torch.testing.assert_close(update_packed, update_plain, rtol=1e-3, atol=1e-6)
+        moved = max(moved, update_plain.abs().max().item())
+    assert moved > 1e-3  # the step moved the weights

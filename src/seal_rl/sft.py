@@ -29,6 +29,7 @@ trained with a training-time interface has also seen its prompts.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -79,7 +80,14 @@ class SFTSettings:
     gradient_accumulation_steps: int = 1
     weight_decay: float = 0.0
     seed: int = 0
-    bf16: bool = False
+    bf16: Any = False
+    """``true`` | ``false`` | ``auto``: bfloat16 mixed precision, as ``grpo.bf16`` (on a CPU, torch's autocast
+    with float32 master weights; ``auto``: on where the GPU or the CPU has bfloat16 arithmetic)"""
+    shared_prefix: Any = "auto"
+    """``auto`` | ``true`` | ``false``: forward the tokens a micro-batch's samples share (the system prompt
+    with the tool docs of one tool class, repeated transcripts) once, as a prefix tree
+    (:mod:`seal_rl.train.prefix_tree`), as the RL update does; exact up to float order. ``auto``
+    packs when it saves tokens and the model passes the check"""
     logging_steps: int = 5
     report_to: list[str] = field(default_factory=lambda: ["none"])
     extra: dict[str, Any] = field(default_factory=dict)
@@ -271,13 +279,19 @@ def run_sft(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from seal_rl.train.recipe import resolve_bf16
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    bf16, said = resolve_bf16(settings.bf16, name="warm_start.sft.bf16")
+    print(said, file=sys.stderr)
     torch_dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    if bf16 and dtype == "auto" and not torch.cuda.is_available():
+        torch_dtype = torch.float32  # CPU autocast keeps float32 master weights
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
     dataset = Dataset.from_list([{"input_ids": s["input_ids"], "assistant_masks": s["assistant_masks"]} for s in samples])
     args = SFTConfig(
@@ -292,7 +306,7 @@ def run_sft(
         weight_decay=settings.weight_decay,
         seed=settings.seed,
         data_seed=settings.seed,
-        bf16=settings.bf16,
+        bf16=bf16,
         logging_steps=settings.logging_steps,
         report_to=settings.report_to,
         save_strategy="no",
@@ -302,7 +316,8 @@ def run_sft(
         dataset_num_proc=None,
         **settings.extra,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = packed_sft_trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.seal_shared_prefix = settings.shared_prefix
     began = time.perf_counter()
     trainer.train()
     with open(out / "sft_log.jsonl", "w", encoding="utf-8") as handle:
@@ -313,6 +328,143 @@ def run_sft(
     losses = [line["loss"] for line in trainer.state.log_history if "loss" in line]
     (out / "sft.json").write_text(json.dumps({
         "steps": trainer.state.global_step, "seconds": round(time.perf_counter() - began, 1),
-        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None, "bf16": bf16,
+        "shared_prefix": trainer.seal_shared_prefix, "tokens": dict(trainer.seal_tokens),
     }, indent=1) + "\n")  # fmt: skip
     return out / "model"
+
+
+def packed_sft_trainer_class() -> type:
+    """TRL's ``SFTTrainer`` whose forward packs each micro-batch as a prefix tree
+    (:mod:`seal_rl.train.prefix_tree`), so tokens its samples share are forwarded once.
+
+    TRL's own ``compute_loss`` still computes the loss and metrics; it is handed a model that
+    forwards the packed row and returns, in each sample's own layout, what the fused LM head would:
+    each labelled token's log-probability, entropy, top-1 hit and label mask. A token shared by
+    several samples is computed once and counted once per sample, so the loss is TRL's (sum over the
+    samples' assistant tokens / ``num_items_in_batch``), up to float order. The attention stays
+    switched through the backward pass (gradient checkpointing recomputes layers there).
+    ``seal_shared_prefix``: ``auto`` | ``True`` | ``False`` (``warm_start.sft.shared_prefix``);
+    ``seal_tokens``: tokens the samples held (``rows``) and tokens forwarded (``forwarded``).
+    """
+    import warnings
+    from collections import Counter
+
+    from trl import SFTTrainer
+
+    from seal_rl.errors import SealWarning
+    from seal_rl.train.prefix_tree import attention_switched, check_model, own_precision, pack
+
+    class PackedSFTTrainer(SFTTrainer):
+        seal_shared_prefix: Any = "auto"
+        seal_tokens: Counter
+        _seal_reason: str | None = None
+        _seal_checked = False
+        _seal_now: tuple[Any, list[list[int]]] | None = None
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            if not hasattr(self, "seal_tokens"):
+                self.seal_tokens = Counter()
+            packed = self._seal_pack(model, inputs)
+            if packed is None:
+                return super().training_step(model, inputs, num_items_in_batch)
+            self._seal_now = packed
+            try:
+                with attention_switched(self.accelerator.unwrap_model(model)):
+                    return super().training_step(model, inputs, num_items_in_batch)
+            finally:
+                self._seal_now = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self._seal_now is not None and model.training:
+                model = _TreeForward(model, *self._seal_now)
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+        def _seal_pack(self, model, inputs):
+            """(tree, each sample's labelled depths), or None for TRL's own forward."""
+            mask = inputs.get("attention_mask")
+            held = int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
+            self.seal_tokens["rows"] += held
+            usable = (self.seal_shared_prefix is not False and mask is not None and "labels" in inputs
+                      and self.compute_loss_func is None and self.label_smoother is None and not self.aux_loss_enabled)  # fmt: skip
+            if usable and not self._seal_checked:
+                self._seal_checked = True
+                self._seal_reason = self._seal_check(model)
+            if usable and self._seal_reason is not None:
+                if self.seal_shared_prefix is True:
+                    raise SealError(f"warm_start.sft.shared_prefix: true, but this model cannot be trained on shared prefixes: "
+                                    f"{self._seal_reason}. Set it to auto or false.")  # fmt: skip
+                usable = False
+            if not usable:
+                self.seal_tokens["forwarded"] += inputs["input_ids"].numel()
+                return None
+            rows, labelled = [], []
+            for ids, keep, labels in zip(inputs["input_ids"].tolist(), mask.tolist(), inputs["labels"].tolist(), strict=True):
+                n = sum(keep)  # right-padded
+                rows.append(ids[:n] or ids[:1])
+                labelled.append([d for d in range(1, n) if labels[d] != -100])
+            tree = pack(rows)
+            if self.seal_shared_prefix == "auto" and tree.forwarded >= tree.row_tokens:
+                self.seal_tokens["forwarded"] += inputs["input_ids"].numel()
+                return None
+            self.seal_tokens["forwarded"] += tree.forwarded
+            return tree, labelled
+
+        def _seal_check(self, model) -> str | None:
+            import torch
+
+            unwrapped = self.accelerator.unwrap_model(model)
+            tolerance = 2e-3 if next(unwrapped.parameters()).dtype == torch.float32 else 0.25
+            training = unwrapped.training
+            unwrapped.eval()
+            try:
+                with own_precision(unwrapped):
+                    reason = check_model(unwrapped, unwrapped.config.get_text_config().vocab_size, tolerance=tolerance)
+            finally:
+                unwrapped.train(training)
+            if reason:
+                warnings.warn(f"Shared-prefix warm start is off for this model: {reason}; TRL forwards every sample whole.",
+                              SealWarning, stacklevel=2)  # fmt: skip
+            return reason
+
+    return PackedSFTTrainer
+
+
+class _TreeForward:
+    """Stands in for the model in TRL's ``compute_loss``: forwards the packed row once and returns the
+    fused LM head's per-token outputs laid out as the padded batch (``[B, L]``; zero elsewhere)."""
+
+    def __init__(self, model: Any, tree: Any, labelled: list[list[int]]) -> None:
+        self.model, self.tree, self.labelled = model, tree, labelled
+        self.training = model.training
+
+    def __call__(self, input_ids: Any, **_: Any) -> Any:
+        from types import SimpleNamespace
+
+        import torch
+
+        from seal_rl.train.prefix_tree import TREE_KWARG
+
+        tree, device = self.tree, input_ids.device
+        ids = torch.tensor([tree.input_ids], dtype=torch.long, device=device)
+        positions = torch.tensor([tree.position_ids], dtype=torch.long, device=device)
+        labels = torch.full_like(ids, -100)
+        scored = sorted({tree.where[r][d] for r, depths in enumerate(self.labelled) for d in depths})
+        if scored:
+            index = torch.tensor(scored, dtype=torch.long, device=device)
+            labels[0, index] = ids[0, index]
+        out = self.model(input_ids=ids, position_ids=positions, labels=labels, fused_lm_head=True, **{TREE_KWARG: tree})
+        # the fused head's output at packed index j - 1 belongs to token j: sample r's depth d sits at (r, d - 1)
+        at = torch.full(tuple(input_ids.shape), -1, dtype=torch.long)
+        for r, depths in enumerate(self.labelled):
+            for d in depths:
+                at[r, d - 1] = tree.where[r][d] - 1
+        at = at.to(device)
+        valid = at >= 0
+
+        def laid_out(flat: Any) -> Any:
+            value = flat[0][at.clamp(min=0)]
+            return torch.where(valid, value, torch.zeros_like(value))
+
+        return SimpleNamespace(log_probs=laid_out(out.log_probs), entropy=laid_out(out.entropy), is_top1=laid_out(out.is_top1),
+                               label_mask=valid, aux_loss=None)  # fmt: skip

@@ -337,6 +337,11 @@ def validate(recipe: SealRecipe) -> None:
         check_tiny_heads(recipe.model, vllm=g.use_vllm)
     if g.bf16 not in (True, False, "auto"):
         raise SealError(f"grpo.bf16 must be auto, true or false; got {g.bf16!r}.")
+    sft_settings = recipe.warm_start.sft
+    if sft_settings.bf16 not in (True, False, "auto"):
+        raise SealError(f"warm_start.sft.bf16 must be auto, true or false; got {sft_settings.bf16!r}.")
+    if sft_settings.shared_prefix not in (True, False, "auto"):
+        raise SealError(f"warm_start.sft.shared_prefix must be auto, true or false; got {sft_settings.shared_prefix!r}.")
     if recipe.shared_prefix not in (True, False, "auto"):
         raise SealError(f"shared_prefix must be auto, true or false; got {recipe.shared_prefix!r}.")
     if recipe.prefix_cache_tokens < 0:
@@ -399,16 +404,17 @@ BF16_CPU_FEATURES = ("amx_bf16", "avx512_bf16")
 """CPU features whose bfloat16 matrix products make autocast pay (``torch.cpu.get_capabilities()``)"""
 
 
-def resolve_bf16(setting: Any, *, cuda: bool | None = None, capabilities: dict[str, Any] | None = None) -> tuple[bool, str]:
-    """``grpo.bf16`` on this machine (or on the one described: ``cuda``, CPU ``capabilities``), and
-    the line ``seal train`` prints about it."""
+def resolve_bf16(setting: Any, *, cuda: bool | None = None, capabilities: dict[str, Any] | None = None,
+                 name: str = "grpo.bf16") -> tuple[bool, str]:  # fmt: skip
+    """``grpo.bf16`` (or the setting ``name``, e.g. ``warm_start.sft.bf16``) on this machine (or on
+    the one described: ``cuda``, CPU ``capabilities``), and the line ``seal train`` prints about it."""
     import torch
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if setting is not True and setting is not False:  # auto
         if cuda:
             on = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
-            return on, f"grpo.bf16 auto: {'on' if on else 'off'} (the GPU {'supports' if on else 'lacks'} bfloat16)"
+            return on, f"{name} auto: {'on' if on else 'off'} (the GPU {'supports' if on else 'lacks'} bfloat16)"
         if capabilities is None:
             try:
                 capabilities = torch.cpu.get_capabilities()
@@ -416,11 +422,11 @@ def resolve_bf16(setting: Any, *, cuda: bool | None = None, capabilities: dict[s
                 capabilities = {}
         found = [f for f in BF16_CPU_FEATURES if capabilities.get(f)]
         if found:
-            return True, (f"grpo.bf16 auto: on — this CPU reports {' and '.join(f.upper().replace('_', '-') for f in found)}: "
+            return True, (f"{name} auto: on — this CPU reports {' and '.join(f.upper().replace('_', '-') for f in found)}: "
                           "bfloat16 autocast with float32 master weights")  # fmt: skip
-        return False, "grpo.bf16 auto: off — this CPU reports neither AMX-BF16 nor AVX512-BF16 (autocast would be slower)"
+        return False, f"{name} auto: off — this CPU reports neither AMX-BF16 nor AVX512-BF16 (autocast would be slower)"
     where = "GPU" if cuda else "CPU autocast, float32 master weights"
-    return setting, f"grpo.bf16 {'on' if setting else 'off'}" + (f" ({where})" if setting else "")
+    return setting, f"{name} {'on' if setting else 'off'}" + (f" ({where})" if setting else "")
 
 
 def check_tiny_heads(model: ModelConfig, *, vllm: bool) -> None:
