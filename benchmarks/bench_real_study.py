@@ -29,6 +29,11 @@ Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml
 
 ``--smoke``: the CI check — the SEAL arm alone, one seed, two rounds, one held-out task, no test
 evaluation; exits 1 unless some of its rollouts carry a non-zero advantage.
+
+``--pilot``: before a study is spent — every arm, its first seed, one round, no validation, no test;
+prints each arm's share of groups with non-zero advantages (on the reward it trains with) and of
+(task, turn) anchors whose turn outcomes differ; exits 1 unless every arm has non-zero advantages in
+at least half of its groups (then change the setting — tasks, warm start, budgets — not the arms).
 """
 
 from __future__ import annotations
@@ -61,17 +66,27 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "real_study.yaml"
 BASELINE = "vanilla-grpo"
 SMOKE = {"arm": "seal-full", "seeds": [0], "rounds": 2, "held_out": 1}
+PILOT_SIGNAL = 0.5
+"""the pilot's bar: the share of an arm's groups whose advantages are not all zero"""
 
 
 # -- the design --------------------------------------------------------------------------------
 
 
-def load_study(path: Path, smoke: bool) -> dict:
-    """The study file, checked; ``smoke`` narrows it to the CI check."""
+def load_study(path: Path, smoke: bool, pilot: bool = False) -> dict:
+    """The study file, checked; ``smoke`` narrows it to the CI check, ``pilot`` to one round of every
+    arm's first seed with no measurement."""
     study = yaml.safe_load(path.read_text(encoding="utf-8"))
     for key in ("recipe", "rounds", "arms", "held_out", "test"):
         if key not in study:
             sys.exit(f"{path}: missing '{key}' (see benchmarks/real_study.yaml).")
+    study.setdefault("baseline", BASELINE)
+    if "tasks" not in study["test"] and "per_category" not in study["test"]:
+        sys.exit(f"{path}: test needs 'tasks' (a list) or 'per_category' (the baseline's first N test tasks of each category).")
+    if pilot:
+        study["arms"] = {arm: {**spec, "seeds": spec["seeds"][:1]} for arm, spec in study["arms"].items() if spec["seeds"]}
+        study["rounds"], study["held_out"] = 1, []
+        study["test"] = {**study["test"], "arms": []}
     if smoke:
         study["arms"] = {SMOKE["arm"]: {**study["arms"][SMOKE["arm"]], "seeds": SMOKE["seeds"]}}
         study["rounds"], study["held_out"] = SMOKE["rounds"], study["held_out"][: SMOKE["held_out"]]
@@ -79,10 +94,13 @@ def load_study(path: Path, smoke: bool) -> dict:
     return study
 
 
-def test_tasks(per_category: int) -> list[str]:
-    """The real-model baseline's test tasks: the first ``per_category`` of each category (docs/real-models.md)."""
+def test_tasks(test: dict) -> list[str]:
+    """The study's test tasks: its ``tasks``, or the real-model baseline's, the first ``per_category``
+    of each category (docs/real-models.md)."""
+    if "tasks" in test:
+        return list(test["tasks"])
     task_set = TaskSet.load()
-    return [t.id for category in CATEGORIES for t in task_set.select("test", [category])[:per_category]]
+    return [t.id for category in CATEGORIES for t in task_set.select("test", [category])[: test["per_category"]]]
 
 
 def arm_overrides(arm_recipe: str) -> list[str]:
@@ -95,8 +113,10 @@ def run_overrides(study: dict, recipe_name: str, extra: list[str]) -> list[str]:
     """What every arm's run sets: the held-out tasks, measured under bfcl each round, and the rounds."""
     recipe = load_recipe(recipe_name, extra)
     updates = recipe.grpo.tasks_per_step // recipe.grpo.tasks_per_update  # optimizer steps a round (batch_layout)
-    return [*extra, "warm_start.data=[]", "eval.every_rounds=1", "eval.protocol=bfcl",
-            "eval.tasks=" + json.dumps(study["held_out"]), f"grpo.max_steps={study['rounds'] * updates}"]  # fmt: skip
+    measured = ["eval.every_rounds=1", "eval.protocol=bfcl", "eval.tasks=" + json.dumps(study["held_out"])]
+    if not study["held_out"]:  # the pilot: no validation at all (an empty list would pick default held-out tasks)
+        measured = ["eval.every_rounds=0", "eval.at_start=false"]
+    return [*extra, "warm_start.data=[]", *measured, f"grpo.max_steps={study['rounds'] * updates}"]
 
 
 # -- running it (each step resumable) ------------------------------------------------------------
@@ -165,7 +185,9 @@ def run_curves(run: Path) -> dict:
         "held_out_labels": [v["validation/labels"] for v in validation],
         "held_out_tasks": [v["validation/tasks"] for v in validation],
         "rollout_success": [m["rollout/reward_mean"] for m in rollouts],
+        "rollout_progress": [m.get("rollout/progress_mean", 0.0) for m in rollouts],  # logged since the progress reward
         "nonzero_advantage_groups": [1.0 - m["rollout/groups_zero_variance"] for m in rollouts],
+        "turn_anchors_varied": [m.get("rollout/turn_anchors_varied", 0.0) for m in rollouts],
         "rollout_labels": [m["labels/share"] for m in rollouts],
         "interface": [m["interface/active"] for m in rollouts],
         "grad_norm": [float(line["grad_norm"]) for line in logged],  # does the reward reach the weights?
@@ -213,14 +235,19 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="training runs at once, each with its share of the CPU cores")
     parser.add_argument("--skip-test", action="store_true", help="start no test evaluation; report the finished ones")
     parser.add_argument("--smoke", action="store_true", help="CI: SEAL arm, one seed, two rounds; fail without non-zero advantages")
+    parser.add_argument("--pilot", action="store_true",
+                        help="one round of every arm's first seed, no measurement; fail unless every arm has signal")
     args = parser.parse_args()
+    if args.smoke and args.pilot:
+        parser.error("--smoke and --pilot are two different checks: give one")
     console = Console()
-    study = load_study(args.study, args.smoke)
+    study = load_study(args.study, args.smoke, args.pilot)
     recipe_name = args.recipe or study["recipe"]
-    out = (args.out or ROOT / "runs" / ("real-study-smoke" if args.smoke else "real-study")).resolve()
+    default = "real-study" if args.study.resolve() == STUDY.resolve() else args.study.stem.replace("_", "-")
+    out = (args.out or ROOT / "runs" / (default + ("-smoke" if args.smoke else "-pilot" if args.pilot else ""))).resolve()
     task_set = TaskSet.load()
     overrides = run_overrides(study, recipe_name, args.overrides)
-    tests = test_tasks(study["test"]["per_category"])
+    tests = test_tasks(study["test"])
     began = time.perf_counter()
     costs = json.loads((out / "costs.json").read_text()) if (out / "costs.json").exists() else {}
 
@@ -297,6 +324,8 @@ def main() -> int:
         if arm in study["test"]["arms"]:
             measure_on_test(arm, seed, out / arm / f"seed{seed}" / "model")
 
+    if args.pilot:
+        return pilot_verdict(study, out, console)
     results = summarize_study(study, steps, out, task_set, test_results)
     results.update(seconds=round(time.perf_counter() - began, 1), costs=costs, tests=tests, recipe=recipe_name,
                    overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"])  # fmt: skip
@@ -317,6 +346,31 @@ def main() -> int:
     return 0
 
 
+def pilot_verdict(study: dict, out: Path, console: Console) -> int:
+    """The pilot's table (round 1 of each arm's first seed) and whether every arm has signal."""
+    table = Table("arm", "reward", "credit", "rollout success", "turns passed", "non-zero-advantage groups",
+                  "turn anchors varied", title="Pilot: one round of each arm")  # fmt: skip
+    rows, weak = {}, []
+    for arm, spec in study["arms"].items():
+        (line,) = read_metrics(out / arm / f"seed{spec['seeds'][0]}", "rollout")[:1] or [{}]
+        signal = 1.0 - line.get("rollout/groups_zero_variance", 1.0)
+        rows[arm] = {"reward": line.get("rollout/reward"), "credit": line.get("rollout/credit"),
+                     "success": line.get("rollout/reward_mean"), "progress": line.get("rollout/progress_mean"),
+                     "nonzero_advantage_groups": signal, "turn_anchors_varied": line.get("rollout/turn_anchors_varied")}  # fmt: skip
+        table.add_row(arm, str(rows[arm]["reward"]), str(rows[arm]["credit"]), f"{rows[arm]['success'] or 0:.2f}",
+                      f"{rows[arm]['progress'] or 0:.2f}", f"{signal:.2f}", f"{rows[arm]['turn_anchors_varied'] or 0:.2f}")  # fmt: skip
+        if signal < PILOT_SIGNAL:
+            weak.append(arm)
+    console.print(table)
+    (out / "pilot.json").write_text(json.dumps({"arms": rows, "bar": PILOT_SIGNAL, "weak": weak}, indent=1) + "\n")
+    if weak:
+        console.print(f"[red]pilot: {', '.join(weak)} gave fewer than {PILOT_SIGNAL:.0%} of their groups a non-zero advantage: "
+                      "change the setting (tasks, warm start, budgets), not the arms[/]")  # fmt: skip
+        return 1
+    console.print(f"pilot: every arm gave at least {PILOT_SIGNAL:.0%} of its groups a non-zero advantage ({out}/pilot.json)")
+    return 0
+
+
 def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict) -> dict:
     arms: dict[str, dict] = {}
     for arm, _spec, seed in steps:
@@ -329,10 +383,11 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
         entry["held_out_final"] = rate(entry["held_out"])
         if entry["test"]:
             entry["test_final"] = test_summary(entry["test"])
-        if arm != BASELINE and BASELINE in arms:
-            entry["held_out_vs_vanilla"] = versus(arms[BASELINE]["held_out"], entry["held_out"])
-            if entry["test"] and arms[BASELINE]["test"]:
-                entry["test_vs_vanilla"] = versus(arms[BASELINE]["test"], entry["test"])
+        baseline = study["baseline"]
+        if arm != baseline and baseline in arms:
+            entry["held_out_vs_vanilla"] = versus(arms[baseline]["held_out"], entry["held_out"])
+            if entry["test"] and arms[baseline]["test"]:
+                entry["test_vs_vanilla"] = versus(arms[baseline]["test"], entry["test"])
     warm = {}
     if ("warm_start", None) in test_results:
         warm["test"] = test_summary(test_results["warm_start", None])
@@ -347,7 +402,7 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
                     seed[key] = [measured[key][0], *seed[key]]
     for entry in arms.values():  # records are kept in the run directories, not in the summary
         entry.pop("held_out"), entry.pop("test")
-    return {"warm_start": warm, "arms": arms}
+    return {"warm_start": warm, "arms": arms, "baseline": study["baseline"]}
 
 
 # -- the table, the picture, the page ------------------------------------------------------------
@@ -372,21 +427,24 @@ def render(results: dict, console: Console) -> str:
     warm = results["warm_start"]
     held = warm.get("held_out", {})
     title = (f"{results['recipe']}, {results['rounds']} rounds; held-out: {len(results['held_out'])} training-split tasks "
-             f"never trained on; test: {len(results['tests'])} baseline test tasks; greedy, bfcl protocol. Warm start: "
+             f"never trained on; test: {len(results['tests'])} test-split tasks; greedy, bfcl protocol; compared with "
+             f"{results.get('baseline', BASELINE)}. Warm start: "
              f"held-out success {held.get('success', 0):.2f}, accepted-call share {held.get('call_share', 0):.2f}"
              + (f"; test success {warm['test']['success'][0]:.2f}, call share {warm['test']['call_share']:.2f}" if "test" in warm else ""))  # fmt: skip
     curves = {"arm": lambda a, e: a, "seeds": lambda a, e: ",".join(str(s["seed"]) for s in e["seeds"]),
               "rollout success": lambda a, e: _curve(e["seeds"], "rollout_success"),
               "non-zero-advantage groups": lambda a, e: _curve(e["seeds"], "nonzero_advantage_groups"),
+              "turn anchors varied": lambda a, e: _curve(e["seeds"], "turn_anchors_varied"),
               "held-out success (round 0 = warm start)": lambda a, e: _curve(e["seeds"], "held_out_success"),
+              "held-out turn pass": lambda a, e: _curve(e["seeds"], "held_out_turn_pass"),
               "held-out accepted-call share": lambda a, e: _curve(e["seeds"], "held_out_call_share")}  # fmt: skip
     outcomes = {"arm": lambda a, e: a,
                 "held-out final (95% CI)": lambda a, e: "{:.2f} ({:.2f}–{:.2f})".format(*e["held_out_final"]),
-                "held-out vs vanilla: Δ (95% CI), McNemar p": lambda a, e: _vs(e, "held_out_vs_vanilla"),
+                "held-out vs baseline: Δ (95% CI), McNemar p": lambda a, e: _vs(e, "held_out_vs_vanilla"),
                 "test success (95% CI)": lambda a, e: _test(e, lambda t: "{:.2f} ({:.2f}–{:.2f})".format(*t["success"])),
                 "test call share": lambda a, e: _test(e, lambda t: f"{t['call_share']:.2f}"),
                 "test turn pass": lambda a, e: _test(e, lambda t: f"{t['turn_pass_rate']:.2f}"),
-                "test vs vanilla": lambda a, e: _vs(e, "test_vs_vanilla")}  # fmt: skip
+                "test vs baseline": lambda a, e: _vs(e, "test_vs_vanilla")}  # fmt: skip
     markdown = [title, ""]
     for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes)):
         table = Table(*columns, title=caption)
@@ -405,8 +463,10 @@ def _test(entry: dict, cell) -> str:
     return "—" if "test_final" not in entry else cell(entry["test_final"])
 
 
-PANELS = [("held_out_success", "held-out success (greedy, bfcl)", True), ("held_out_call_share", "held-out accepted-call share", True),
-          ("rollout_success", "rollout success (sampled)", False), ("nonzero_advantage_groups", "groups with non-zero advantages", False)]  # fmt: skip
+PANELS = [("held_out_success", "held-out success (greedy, bfcl)", True), ("held_out_turn_pass", "held-out turn pass rate", True),
+          ("held_out_call_share", "held-out accepted-call share", True), ("rollout_success", "rollout success (sampled)", False),
+          ("rollout_progress", "rollout turns passed (sampled)", False),
+          ("nonzero_advantage_groups", "groups with non-zero advantages", False)]  # fmt: skip
 
 
 def plot(results: dict, path: Path) -> None:
@@ -416,7 +476,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for (key, label, from_zero), ax in zip(PANELS, axes.flat):
         for k, (arm, entry) in enumerate(results["arms"].items()):

@@ -96,6 +96,25 @@ def test_the_smoke_fails_without_advantages_and_passes_with_them(study, tmp_path
     assert not (tmp_path / "moving" / "vanilla-grpo").exists()  # the smoke is the SEAL arm alone
 
 
+def test_the_pilot_plays_one_round_of_every_arm_and_fails_an_arm_without_signal(study, tmp_path):
+    """``--pilot``: every arm's first seed for one round, nothing measured; the untrained tiny model
+    earns no reward (every arm below the bar: exit 1); scripted rollouts with a reward spread pass."""
+    design, _, _ = study
+    flat = _run(design, tmp_path / "flat", "--pilot")
+    assert flat.returncode == 1 and "change the setting" in flat.stdout, flat.stdout[-2000:] + flat.stderr[-2000:]
+    verdict = json.loads((tmp_path / "flat" / "pilot.json").read_text())
+    assert verdict["weak"] == ["vanilla-grpo", "seal-full"] and verdict["arms"]["seal-full"]["nonzero_advantage_groups"] == 0.0
+    moving = _run(design, tmp_path / "moving", "--pilot", "--set", "generator=tests.generators:oracle_or_plain",
+                  "--set", "rollout_scheduler=auto", "--set", "budgets.max_completion_tokens=4096")  # the oracle's whole episodes
+    assert moving.returncode == 0, moving.stdout[-2000:] + moving.stderr[-2000:]
+    verdict = json.loads((tmp_path / "moving" / "pilot.json").read_text())
+    assert verdict["weak"] == [] and all(a["nonzero_advantage_groups"] >= 0.5 for a in verdict["arms"].values())
+    for arm in ("vanilla-grpo", "seal-full"):
+        metrics = (tmp_path / "moving" / arm / "seed0" / "metrics.jsonl").read_text()
+        assert metrics.count('"kind": "rollout"') == 1 and '"kind": "validation"' not in metrics  # one round, nothing measured
+    assert not (tmp_path / "moving" / "test").exists()
+
+
 def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("interface: {preset: nonsense}\n")
