@@ -266,3 +266,5 @@ def test_trls_trainer_from_bfcl_trainer_class_trains_turn_credit_and_a_plain_one
     assert [v for _, v in seen] == pytest.approx([v for _, v in truth], abs=1e-5)
     rows = _jsonl(tmp_path / "seal" / "trajectories.jsonl")
     assert sorted(r["progress"] for r in rows) == pytest.approx([0, 1 / 3, 2 / 3, 1])
+    metrics = json.loads((tmp_path / "seal" / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["rollout/credit"] == "turn" and metrics["rollout/turn_anchors_varied"] == 1.0

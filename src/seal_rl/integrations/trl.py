@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from seal_rl import jsonl
+from seal_rl.credit import turn_outcomes
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
@@ -231,7 +232,7 @@ class BfclRollout:
                  "group": f"{r['round']}:{r['task_id']}", "category": r["category"], "reward": r["reward"],
                  "progress": r["progress"], "end_reason": r["end_reason"], "dropped": r.get("dropped"),
                  "labels": [t["label"] for t in r["diagnosis"]["labels"]], "reference_labels": r["reference_labels"],
-                 "apatch_weight": w, "messages": r["messages"], "steps": r["steps"], "trace": r["trace"],
+                 "apatch_weight": w, "turn_outcomes": turn_outcomes(r), "messages": r["messages"], "steps": r["steps"], "trace": r["trace"],
                  "verdict": r["verdict"], "diagnosis": r["diagnosis"]}
                 for r, w in zip(records, weights, strict=True)]  # fmt: skip
         rows = _gather(trainer, rows)
@@ -242,7 +243,7 @@ class BfclRollout:
             for row in rows:
                 jsonl.append(handle, row)
         metrics = round_metrics(loop.state.round, trainer.state.global_step, rows, loop.state, loop._round_interface, loop.timing,
-                                loop.recipe.reward)  # fmt: skip
+                                loop.recipe.reward, loop.recipe.credit)  # fmt: skip
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(metrics) + "\n")
         CONSOLE.print(round_summary(metrics, loop._round_interface, loop.state.interface), highlight=False, soft_wrap=True)
