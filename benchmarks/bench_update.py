@@ -8,7 +8,7 @@ budgets; cached in ``OUT/samples-*.json``): G episodes of one task, turned into 
 micro-batch is the whole group. Then each path runs in a fresh process on the same samples:
 
 * ``today``: TRL's own ``_get_per_token_logps_and_entropies`` on the padded batch;
-* ``shared``: ``SealGRPOTrainer``'s (the prefix tree, :mod:`seal_rl.train.prefix_tree`);
+* ``shared``: ``SealGRPOTrainer``'s (the prefix tree, :mod:`seal_rl.prefix_tree`);
 * ``shared+bf16``: the same under ``torch.autocast("cpu", bfloat16)`` with float32 weights.
 
 Per path: tokens forwarded (and the padded tokens TRL forwards), seconds of the policy's

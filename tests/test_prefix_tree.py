@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig, LlamaConfig, Qwen2Config, Qwen3Config
 from trl.trainer.utils import add_fused_lm_head
 
-from seal_rl.train.prefix_tree import (
+from seal_rl.prefix_tree import (
     PackedTree, Segment, UnsupportedModel, attention_switched, check_model, forward_tree, gather_rows, group_order,
     pack, rows_of, scored_positions, unsupported_reason,
 )  # fmt: skip
@@ -240,7 +240,7 @@ def test_the_attention_refuses_what_it_does_not_implement():
     tree = pack([_tokens(5, 1)])
     q = torch.zeros(1, 4, 5, 8, device=DEVICE)
     with pytest.raises(UnsupportedModel, match="softcap"):
-        from seal_rl.train.prefix_tree import tree_attention
+        from seal_rl.prefix_tree import tree_attention
 
         tree_attention(model.model.layers[0].self_attn, q, q, q, None, softcap=30.0, seal_prefix_tree=tree)
     with pytest.raises(UnsupportedModel, match="without a packed tree"):
@@ -302,7 +302,7 @@ def test_models_that_mix_tokens_outside_attention_are_refused():
 
 def test_the_probe_catches_a_layer_that_ignores_the_tree(monkeypatch):
     """A model whose attention silently ignores the tree (as a plain causal kernel would) fails the probe."""
-    import seal_rl.train.prefix_tree as prefix_tree
+    import seal_rl.prefix_tree as prefix_tree
 
     model = _llama()
 

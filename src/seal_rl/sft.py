@@ -86,7 +86,7 @@ class SFTSettings:
     shared_prefix: Any = "auto"
     """``auto`` | ``true`` | ``false``: forward the tokens a micro-batch's samples share (the system prompt
     with the tool docs of one tool class, repeated transcripts) once, as a prefix tree
-    (:mod:`seal_rl.train.prefix_tree`), as the RL update does; exact up to float order. ``auto``
+    (:mod:`seal_rl.prefix_tree`), as the RL update does; exact up to float order. ``auto``
     packs when it saves tokens and the model passes the check"""
     logging_steps: int = 5
     report_to: list[str] = field(default_factory=lambda: ["none"])
@@ -281,7 +281,7 @@ def run_sft(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig
 
-    from seal_rl.train.recipe import resolve_bf16
+    from seal_rl.precision import resolve_bf16
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = Path(out)
@@ -336,7 +336,7 @@ def run_sft(
 
 def packed_sft_trainer_class() -> type:
     """TRL's ``SFTTrainer`` whose forward packs each micro-batch as a prefix tree
-    (:mod:`seal_rl.train.prefix_tree`), so tokens its samples share are forwarded once.
+    (:mod:`seal_rl.prefix_tree`), so tokens its samples share are forwarded once.
 
     TRL's own ``compute_loss`` still computes the loss and metrics; it is handed a model that
     forwards the packed row and returns, in each sample's own layout, what the fused LM head would:
@@ -353,7 +353,7 @@ def packed_sft_trainer_class() -> type:
     from trl import SFTTrainer
 
     from seal_rl.errors import SealWarning
-    from seal_rl.train.prefix_tree import attention_switched, check_model, own_precision, pack
+    from seal_rl.prefix_tree import attention_switched, check_model, own_precision, pack
 
     class PackedSFTTrainer(SFTTrainer):
         seal_shared_prefix: Any = "auto"
@@ -443,7 +443,7 @@ class _TreeForward:
 
         import torch
 
-        from seal_rl.train.prefix_tree import TREE_KWARG
+        from seal_rl.prefix_tree import TREE_KWARG
 
         tree, device = self.tree, input_ids.device
         ids = torch.tensor([tree.input_ids], dtype=torch.long, device=device)

@@ -1,7 +1,7 @@
 """``grpo.per_device_train_batch_size: auto``: the largest group-aligned micro-batch that fits.
 
 A micro-batch that holds a whole GRPO group forwards the group's shared prompt once in a
-shared-prefix update (``shared_prefix``, :mod:`seal_rl.train.prefix_tree`); at the paper's
+shared-prefix update (``shared_prefix``, :mod:`seal_rl.prefix_tree`); at the paper's
 micro-batch of 1 every sample forwards its own copy of it. ``auto`` tries the sizes that keep
 groups whole — multiples of the group, or divisors of it — and that TRL's batch arithmetic accepts
 (they divide the samples of one optimizer step per process; in the ``turn`` layout they hold whole

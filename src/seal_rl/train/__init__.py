@@ -19,9 +19,10 @@ rollouts), and the module that does each step:
    :mod:`seal_rl.interface`);
 6. TRL update — TRL computes the group advantages (gathered across ranks);
    ``SealGRPOTrainer`` (``trainer``) multiplies them by w_j (Eq. 12) — its one override of TRL —
+   and, under ``credit: turn``, adds each user turn's own advantage per token (:mod:`seal_rl.credit`),
    and ``loop`` logs the round: trajectories, metrics, profile, Ω; TRL then runs the optimizer
    steps, whose log-probability passes (policy, old, reference) forward each micro-batch once as a
-   prefix tree (``prefix_tree``: a group's shared prompt is computed once, exactly);
+   prefix tree (:mod:`seal_rl.prefix_tree`: a group's shared prompt is computed once, exactly);
 7. validation — every ``eval.every_rounds`` rounds a callback (``trainer``) has ``loop`` play the
    held-out tasks greedily and strictly with the interface removed, keeping the best model;
 8. checkpoint — TRL saves model, optimizer and RNG, and a callback (``trainer``) adds the SEAL state

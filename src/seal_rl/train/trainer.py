@@ -2,7 +2,7 @@
 
 :func:`make_trainer_class` builds ``SealGRPOTrainer``. Its change to TRL's algorithm is A-Patch
 (SEAL Eq. 12) applied to the group advantages; its change to TRL's arithmetic is the shared-prefix
-update (:mod:`seal_rl.train.prefix_tree`): every log-probability pass forwards a micro-batch as one
+update (:mod:`seal_rl.prefix_tree`): every log-probability pass forwards a micro-batch as one
 prefix tree, and generation batches are shuffled by whole groups so that a group's samples share a
 micro-batch. Its sampler draws each epoch's task order from (seed, epoch), so a resumed run replays
 the same order. The callbacks save the SEAL state into every checkpoint, copy TRL's logs into
@@ -26,7 +26,7 @@ from seal_rl import jsonl
 from seal_rl.apatch import reweight
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.rollout import derived_seed
-from seal_rl.train.prefix_tree import (
+from seal_rl.prefix_tree import (
     attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, own_precision, pack, rows_of,
     scored_positions,
 )  # fmt: skip
