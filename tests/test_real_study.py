@@ -103,7 +103,8 @@ def test_the_pilot_plays_one_round_of_every_arm_and_fails_an_arm_without_signal(
     flat = _run(design, tmp_path / "flat", "--pilot")
     assert flat.returncode == 1 and "change the setting" in flat.stdout, flat.stdout[-2000:] + flat.stderr[-2000:]
     verdict = json.loads((tmp_path / "flat" / "pilot.json").read_text())
-    assert verdict["weak"] == ["vanilla-grpo", "seal-full"] and verdict["arms"]["seal-full"]["nonzero_advantage_groups"] == 0.0
+    assert verdict["weak"] == verdict["main"] == ["vanilla-grpo", "seal-full"]  # one seed each: both are the main comparison
+    assert verdict["arms"]["seal-full"]["nonzero_advantage_groups"] == 0.0
     moving = _run(design, tmp_path / "moving", "--pilot", "--set", "generator=tests.generators:oracle_or_plain",
                   "--set", "rollout_scheduler=auto", "--set", "budgets.max_completion_tokens=4096")  # the oracle's whole episodes
     assert moving.returncode == 0, moving.stdout[-2000:] + moving.stderr[-2000:]
