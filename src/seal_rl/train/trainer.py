@@ -1,7 +1,8 @@
 """The TRL integration: the GRPO trainer subclass, its callbacks and sampler.
 
 :func:`make_trainer_class` builds ``SealGRPOTrainer``. Its change to TRL's algorithm is A-Patch
-(SEAL Eq. 12) applied to the group advantages; its change to TRL's arithmetic is the shared-prefix
+(SEAL Eq. 12) applied to the group advantages, and under ``credit: turn`` each user turn's own
+advantage added per token (:func:`turn_credit`, :mod:`seal_rl.credit`); its change to TRL's arithmetic is the shared-prefix
 update (:mod:`seal_rl.prefix_tree`): every log-probability pass forwards a micro-batch as one
 prefix tree, and generation batches are shuffled by whole groups so that a group's samples share a
 micro-batch. Its sampler draws each epoch's task order from (seed, epoch), so a resumed run replays
