@@ -104,24 +104,12 @@ def bfcl_trainer_class(base: type | None = None) -> type:
         """marks a trainer that applies Eq. 12 and turn credit (:meth:`BfclRollout.__call__` checks it)"""
 
         def _generate_and_score_completions(self, inputs):
-            import torch
-
-            from seal_rl.apatch import reweight
-            from seal_rl.train.trainer import turn_credit
+            from seal_rl.train.trainer import seal_advantages
 
             output = super()._generate_and_score_completions(inputs)
             rollout = self.rollout_func
-            if not isinstance(rollout, BfclRollout) or not self.model.training:  # TRL's evaluation trains nothing
-                return output
-            apatch, recipe = rollout.loop.apatch, rollout.recipe
-            advantages = output["advantages"]
-            if apatch.enabled:
-                weights = torch.tensor([float(x["apatch_weight"]) for x in inputs], dtype=advantages.dtype, device=advantages.device)
-                advantages = reweight(advantages, weights, apatch.apply_to)
-            if recipe.credit == "turn":
-                advantages, _ = turn_credit(self, inputs, advantages, output["completion_ids"].shape[1], omega=recipe.credit_weight,
-                                            apply_to=apatch.apply_to)  # fmt: skip
-            output["advantages"] = advantages
+            if isinstance(rollout, BfclRollout) and self.model.training:  # TRL's evaluation trains nothing
+                seal_advantages(self, inputs, output, rollout.recipe, rollout.loop.apatch.apply_to)
             return output
 
     return BfclGRPOTrainer

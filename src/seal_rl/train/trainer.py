@@ -198,23 +198,32 @@ def make_trainer_class():
 
         def _seal_generate_and_score(self, inputs):
             output = super()._generate_and_score_completions(inputs)
-            weights = [float(x["apatch_weight"]) for x in inputs]
-            import torch
-
-            before = output["advantages"].clone()
-            weight_tensor = torch.tensor(weights, dtype=before.dtype, device=before.device)
-            output["advantages"] = after = reweight(before, weight_tensor, self.seal.apatch.apply_to)
+            before, after, terms = seal_advantages(self, inputs, output, self.seal.recipe, self.seal.apatch.apply_to)
             self.seal.apatch_hook_calls += 1
-            terms = None
-            if self.seal.recipe.credit == "turn":
-                recipe = self.seal.recipe
-                output["advantages"], terms = turn_credit(
-                    self, inputs, after, output["completion_ids"].shape[1], omega=recipe.credit_weight,
-                    per_episode=recipe.turn_samples if recipe.layout == "turn" else 1, apply_to=self.seal.apatch.apply_to)  # fmt: skip
             self.seal.after_advantages(self, inputs, before, after, terms)
             return output
 
     return SealGRPOTrainer
+
+
+def seal_advantages(trainer: Any, inputs: list[dict[str, Any]], output: dict[str, Any], recipe: Any,
+                    apply_to: str) -> tuple[Any, Any, list[list[float]] | None]:  # fmt: skip
+    """SEAL's advantages in place of TRL's group advantages ``output["advantages"]`` (B,): A-Patch's
+    Ã_j = w_j · A_j (SEAL Eq. 12; w_j is each sample's ``apatch_weight``, 1 when A-Patch is off), then,
+    under ``credit: turn``, the per-token turn term (:func:`turn_credit`), which makes them ``[B, T]``.
+    Returns TRL's A, the reweighted Ã and this process's episodes' turn advantages (``None`` under
+    ``credit: episode``)."""
+    import torch
+
+    before = output["advantages"].clone()
+    weights = torch.tensor([float(x["apatch_weight"]) for x in inputs], dtype=before.dtype, device=before.device)
+    output["advantages"] = after = reweight(before, weights, apply_to)
+    terms = None
+    if recipe.credit == "turn":
+        output["advantages"], terms = turn_credit(
+            trainer, inputs, after, output["completion_ids"].shape[1], omega=recipe.credit_weight,
+            per_episode=recipe.turn_samples if recipe.layout == "turn" else 1, apply_to=apply_to)  # fmt: skip
+    return before, after, terms
 
 
 def turn_credit(trainer: Any, inputs: list[dict[str, Any]], advantages: Any, width: int, *, omega: float,
