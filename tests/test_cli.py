@@ -73,6 +73,7 @@ def test_replaying_the_oracles_messages_reproduces_its_results(monkeypatch, caps
         (["eval", "-p", "oracle", "--format", "pythonic", "--out", "{tmp}"], "prompt_mode='chat_template'"),
         (["eval", "-p", "oracle", "--split", "dev", "--out", "{tmp}"], "Unknown split 'dev'"),
         (["eval", "-p", "oracle", "-c", "web", "--out", "{tmp}"], "Unknown category 'web'"),
+        (["eval", "-p", "oracle", "--dtype", "fp8", "--out", "{tmp}"], "Unknown --dtype 'fp8'; choose one of: auto, float32"),
         (["eval", "-p", "replay:{tmp}/bad.jsonl", "--split", "test", "--out", "{tmp}/o"], "replay and bfcl-result files name their own tasks"),
         (["eval", "-p", "random", "--out", "{tmp}"], "Unknown policy 'random'"),
         (["tasks", "show", "multi_turn_base_x"], "Unknown task id"),

@@ -2,6 +2,8 @@
 
 import copy
 
+from pathlib import Path
+
 import pytest
 
 from seal_rl.env import BfclEnv
@@ -161,3 +163,30 @@ def test_seal_eval_builds_the_hf_generator_with_the_setting(tiny_model_dir):
     assert generator.prefix_cache is None
     with pytest.raises(SealError, match="--prefix-cache-tokens must be >= 0"):
         make_generator(policy, ModelSettings(prefix_cache_tokens=-1), EnvConfig(), [])
+
+
+def test_seal_eval_loads_the_hf_weights_in_the_dtype_asked_for(tiny_model_dir):
+    import json
+
+    import torch
+
+    from seal_rl.env import EnvConfig
+    from seal_rl.evaluate import ModelSettings, make_generator
+    from seal_rl.policies import ModelPolicy
+
+    policy = ModelPolicy(tiny_model_dir)
+    saved = json.loads((Path(tiny_model_dir) / "config.json").read_text())["dtype"]
+    for dtype, expected in [("auto", getattr(torch, saved)), ("bfloat16", torch.bfloat16), ("float32", torch.float32)]:
+        generator, _, _ = make_generator(policy, ModelSettings(dtype=dtype), EnvConfig(), [])
+        assert next(generator.model.parameters()).dtype == expected, dtype
+    # a run recorded in one dtype is not resumed in another; one from before --dtype resumes at auto
+    from dataclasses import asdict
+
+    from seal_rl.evaluate import config_differences
+
+    auto = {"model_settings": asdict(ModelSettings())}
+    (changed,) = config_differences(auto, {"model_settings": asdict(ModelSettings(dtype="float32"))})
+    assert changed.path == "model_settings.dtype" and not changed.added_default
+    before = {"model_settings": {k: v for k, v in auto["model_settings"].items() if k != "dtype"}}
+    (added,) = config_differences(before, auto)
+    assert added.added_default

@@ -150,6 +150,10 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+HF_DTYPES = ("float32", "bfloat16", "float16")
+"""the dtypes ``hf:`` policies can load their weights in (``--dtype``; ``auto``: the checkpoint's)"""
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """How model policies (``hf:``, ``vllm:``, ``openai:``) generate; greedy by default (strict protocol)."""
@@ -169,6 +173,10 @@ class ModelSettings:
     rollout_scheduler: str = "auto"
     """``continuous`` (each episode asks as soon as it has stepped), ``lockstep`` (ticks) or ``auto``
     (continuous where the generator can; :mod:`seal_rl.rollout`)"""
+    dtype: str = "auto"
+    """hf: the dtype the weights are loaded in: ``auto`` (the checkpoint's), or one of
+    :data:`HF_DTYPES`. On a CPU ``float32`` decodes a batch of 8 about twice as fast as
+    ``bfloat16`` (``make bench-decode-rows``)"""
     seed: int = 0
     timeout: float = 120.0
     """openai: seconds per request before a retry"""
@@ -184,6 +192,8 @@ class ModelSettings:
             raise SealError(f"--max-thinking-tokens must be >= 0 (0: no cap), got {self.max_thinking_tokens}.")
         if self.rollout_scheduler not in (*SCHEDULERS, "auto"):
             raise SealError(f"Unknown --rollout-scheduler {self.rollout_scheduler!r}; choose one of: {', '.join(SCHEDULERS)}, auto.")
+        if self.dtype not in ("auto", *HF_DTYPES):
+            raise SealError(f"Unknown --dtype {self.dtype!r}; choose one of: auto, {', '.join(HF_DTYPES)}.")
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -221,7 +231,7 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
 
         tokenizer = AutoTokenizer.from_pretrained(policy.path)
         chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)  # refuses an unusable template before the weights load
-        model = AutoModelForCausalLM.from_pretrained(policy.path)
+        model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=settings.dtype)
         model.eval()
         generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p,
                                 prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
