@@ -69,7 +69,7 @@ STUDY = ROOT / "benchmarks" / "real_study.yaml"
 BASELINE = "vanilla-grpo"
 SMOKE = {"arm": "seal-full", "seeds": [0], "rounds": 2, "held_out": 1,
          # one epoch of the warm start's 6 samples, not two (its loss is 0.13 there; 339 s instead of
-         # ~9 min), and each round's 8 episodes in one prefix tree (the same loss, fewer tokens forwarded)
+         # ~9 min), and each round's 8 episodes in one prefix tree (the same loss; 67 s an update, not 122)
          "set": ["warm_start.sft.max_steps=6", "grpo.per_device_train_batch_size=8"]}
 PILOT_SIGNAL = 0.5
 """the pilot's bar: the share of an arm's groups whose advantages are not all zero"""
