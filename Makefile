@@ -175,7 +175,7 @@ bench-rollouts: models
 	$(BIN)/python benchmarks/bench_rollouts.py $(BENCH_ROLLOUTS_ARGS)
 
 # One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
-# batching can win on this machine (about 1 minute; docs/training.md).
+# batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/training.md).
 bench-decode-rows: models
 	$(BIN)/python benchmarks/bench_decode_rows.py
 

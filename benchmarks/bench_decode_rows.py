@@ -17,7 +17,7 @@ cost at lockstep's occupancy in ``make bench-rollouts`` (``--lockstep-occupancy`
 greedy round) over the per-token cost at the full batch — what a scheduler that never left a row
 idle could gain over lockstep on this machine, before any saving in the generator's own overhead.
 
-Usage: python benchmarks/bench_decode_rows.py [--rows 1,2,4,6,8] [--context 1700] [--steps 8]
+Usage: python benchmarks/bench_decode_rows.py [--rows 1,2,4,6,8] [--context 1700] [--steps 16]
        [--dtypes float32,bfloat16] [--lockstep-occupancy 6.65]   (the model: ``make models``)
 """
 
@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-MODEL = "smollm2-135m-instruct"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_rollouts import MODEL, model_dir  # noqa: E402
 
 
 def step_costs(model, rows: list[int], context: int, steps: int) -> dict[int, float]:
@@ -65,7 +66,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,6,8", help="comma-separated numbers of rows in flight")
     parser.add_argument("--context", type=int, default=1700, help="prompt tokens each row attends to")
-    parser.add_argument("--steps", type=int, default=8, help="timed decoding steps per row count (median kept)")
+    parser.add_argument("--steps", type=int, default=16, help="timed decoding steps per row count (median kept)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes, each measured in turn")
     parser.add_argument("--lockstep-occupancy", type=float, default=6.65,
                         help="rows in flight per step under lockstep (make bench-rollouts, round greedy)")
@@ -76,9 +77,7 @@ def main() -> int:
         parser.error(f"--rows must be comma-separated whole numbers, got {args.rows!r}")
     if rows[0] < 1 or args.context < 2 or args.steps < 1:
         parser.error("--rows, --context and --steps must be positive (--context at least 2)")
-    done = subprocess.run([sys.executable, "-m", "seal_rl", "models", "path", MODEL], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        sys.exit(f"{MODEL} is not pulled: run `make models` (or `seal models pull {MODEL}`) first.")
+    path = model_dir()
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -91,7 +90,7 @@ def main() -> int:
     per_token: dict[str, dict[int, float]] = {}
     costs: dict[str, dict[int, float]] = {}
     for name in dtypes:
-        model = AutoModelForCausalLM.from_pretrained(done.stdout.strip(), dtype=getattr(torch, name)).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, name)).eval()
         costs[name] = step_costs(model, rows, args.context, args.steps)
         per_token[name] = {n: cost / n for n, cost in costs[name].items()}
         del model

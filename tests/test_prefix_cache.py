@@ -1,7 +1,6 @@
 """The shared-prefix KV cache of HFGenerator: the same tokens as without it, bounded, invalidated by weight changes."""
 
 import copy
-
 from pathlib import Path
 
 import pytest
