@@ -23,13 +23,17 @@ resumes where it stopped when the same command is run again (finished runs are k
 mid-training resumes from its newest checkpoint).
 
 Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml] [--out runs/real-study]
-       [--recipe NAME] [--set KEY=VALUE ...] [--jobs N] [--skip-test] [--smoke]
+       [--recipe NAME] [--set KEY=VALUE ...] [--jobs N] [--skip-test] [--smoke | --pilot | --report]
 (``make bench-real-study``; the models must be pulled: ``make models``). Prints the table and writes
 ``OUT/summary.json``, ``OUT/table.md``, ``OUT/curves.png`` and ``OUT/report.html``.
 
 ``--smoke``: the CI check — the SEAL arm alone, one seed, two rounds, one held-out task, no test
 evaluation, a one-epoch warm start (``SMOKE["set"]``); exits 1 unless some of its rollouts carry a
 non-zero advantage.
+
+``--report``: the tables and curves of the runs so far, each at the round it has reached, in
+``OUT/interim/``; trains and evaluates nothing, so a study that is still running (or stopped for the
+day) can be read. Test results appear for the evaluations that have finished.
 
 ``--pilot``: before a study is spent — every arm, its first seed, one round, no validation, no test;
 prints each arm's share of groups with non-zero advantages (on the reward it trains with) and of
@@ -58,7 +62,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from seal_rl import recipes
+from seal_rl import jsonl, recipes
 from seal_rl.evaluate import episode_counts, turn_measures
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
@@ -204,8 +208,9 @@ def run_curves(run: Path) -> dict:
 
 def nonzero_advantages(run: Path) -> int:
     """How many of the run's rollouts carry a non-zero advantage after A-Patch."""
-    lines = (run / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
-    return sum(abs(json.loads(line)["advantage_after"]) > 1e-8 for line in lines if line.strip())
+    path = run / "trajectories.jsonl"
+    lines = jsonl.read(path).values if path.exists() else []  # a running study's torn last line is left out
+    return sum(abs(line["advantage_after"]) > 1e-8 for line in lines if isinstance(line, dict))
 
 
 def rate(records: list[dict]) -> list[float]:
@@ -244,9 +249,12 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CI: SEAL arm, one seed, two rounds; fail without non-zero advantages")
     parser.add_argument("--pilot", action="store_true",
                         help="one round of every arm's first seed, no measurement; fail unless every arm has signal")
+    parser.add_argument("--report", action="store_true",
+                        help="the tables of the runs so far (each at the round it reached) in OUT/interim/; trains nothing")
     args = parser.parse_args()
-    if args.smoke and args.pilot:
-        parser.error("--smoke and --pilot are two different checks: give one")
+    if sum((args.smoke, args.pilot, args.report)) > 1:
+        parser.error("--smoke, --pilot and --report are different jobs: give one")
+    args.skip_test = args.skip_test or args.report
     if args.smoke:
         args.overrides = SMOKE["set"] + args.overrides  # yours win
     console = Console()
@@ -272,19 +280,25 @@ def main() -> int:
             (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
         return result
 
-    out.mkdir(parents=True, exist_ok=True)
-    warm = out / "warm_start"
-    base = load_recipe(recipe_name, args.overrides)
-    if base.warm_start.data and not (warm / "model" / "config.json").exists():
-        console.print(f"[bold]warm start[/] -> {warm}")
-        timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
-    start_model = str(warm / "model") if base.warm_start.data else base.model.path
     # the arms with the most seeds (the main comparison) first, seed by seed, so that a stopped study
     # has whole seeds of them; then the arms with fewer seeds
     most = max(len(spec["seeds"]) for spec in study["arms"].values())
     steps = sorted(((arm, spec, seed) for arm, spec in study["arms"].items() for seed in spec["seeds"]),
                    key=lambda step: (len(step[1]["seeds"]) < most, step[2], list(study["arms"]).index(step[0])))  # fmt: skip
     test_results: dict[tuple[str, int | None], list[dict]] = {}
+    if args.report:  # read what is there; the warm start and training are left to the study's own command
+        steps = [step for step in steps if read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
+        if not steps:
+            raise SystemExit(f"{out}: no run of this study has been validated yet, so there is nothing to report; "
+                             "start the study without --report")  # fmt: skip
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+    warm = out / "warm_start"
+    base = load_recipe(recipe_name, args.overrides)
+    if base.warm_start.data and not args.report and not (warm / "model" / "config.json").exists():
+        console.print(f"[bold]warm start[/] -> {warm}")
+        timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
+    start_model = str(warm / "model") if base.warm_start.data else base.model.path
 
     def measure_on_test(arm: str, seed: int | None, model: Path) -> None:
         name = arm if seed is None else f"{arm}-seed{seed}"
@@ -324,7 +338,7 @@ def main() -> int:
             *spec.get("set", [])], threads, log))  # fmt: skip
 
     with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
-        for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:
+        for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps if not args.report else [], 1)]:
             finished.result()
     # the test tasks last (the longest prompts): every arm is trained before any test episode is played
     if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
@@ -337,14 +351,16 @@ def main() -> int:
         return pilot_verdict(study, out, console)
     results = summarize_study(study, steps, out, task_set, test_results)
     results.update(seconds=round(time.perf_counter() - began, 1), costs=costs, tests=tests, recipe=recipe_name,
-                   overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"])  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+                   overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"], interim=args.report)  # fmt: skip
+    written = out / "interim" if args.report else out
+    written.mkdir(exist_ok=True)
+    (written / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
     table_md = render(results, console)
-    (out / "table.md").write_text(table_md)
+    (written / "table.md").write_text(table_md)
     if not args.smoke:
-        plot(results, out / "curves.png")
-        write_html(table_md, out / "curves.png", out / "report.html")
-    console.print(f"{out}/summary.json, table.md" + ("" if args.smoke else ", curves.png, report.html"))
+        plot(results, written / "curves.png")
+        write_html(table_md, written / "curves.png", written / "report.html")
+    console.print(f"{written}/summary.json, table.md" + ("" if args.smoke else ", curves.png, report.html"))
     if args.smoke:
         run = out / SMOKE["arm"] / f"seed{SMOKE['seeds'][0]}"
         moving = nonzero_advantages(run)
@@ -439,12 +455,14 @@ def render(results: dict, console: Console) -> str:
     """Two tables, printed and returned as Markdown: the curves per round, and the outcomes."""
     warm = results["warm_start"]
     held = warm.get("held_out", {})
-    title = (f"{results['recipe']}, {results['rounds']} rounds; held-out: {len(results['held_out'])} training-split tasks "
+    title = (("Interim (each run at the round it has reached; the outcomes compare those rounds): " if results.get("interim") else "")
+             + f"{results['recipe']}, {results['rounds']} rounds; held-out: {len(results['held_out'])} training-split tasks "
              f"never trained on; test: {len(results['tests'])} test-split tasks; greedy, bfcl protocol; compared with "
              f"{results.get('baseline', BASELINE)}. Warm start: "
              f"held-out success {held.get('success', 0):.2f}, accepted-call share {held.get('call_share', 0):.2f}"
              + (f"; test success {warm['test']['success'][0]:.2f}, call share {warm['test']['call_share']:.2f}" if "test" in warm else ""))  # fmt: skip
     curves = {"arm": lambda a, e: a, "seeds": lambda a, e: ",".join(str(s["seed"]) for s in e["seeds"]),
+              "rounds validated": lambda a, e: ",".join(str(s["held_out_rounds"][-1]) for s in e["seeds"]),
               "rollout success": lambda a, e: _curve(e["seeds"], "rollout_success"),
               "non-zero-advantage groups": lambda a, e: _curve(e["seeds"], "nonzero_advantage_groups"),
               "turn anchors varied": lambda a, e: _curve(e["seeds"], "turn_anchors_varied"),

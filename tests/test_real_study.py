@@ -116,6 +116,33 @@ def test_the_pilot_plays_one_round_of_every_arm_and_fails_an_arm_without_signal(
     assert not (tmp_path / "moving" / "test").exists()
 
 
+def test_the_report_reads_a_study_in_progress_and_trains_nothing(study, tmp_path):
+    """``--report``: a study stopped with one arm at round 1 of 2 and the other not started gives the
+    tables of what is there (in ``interim/``), each run at the round it reached, and starts nothing."""
+    import shutil
+
+    design, finished, _ = study
+    out = tmp_path / "out"
+    shutil.copytree(finished / "vanilla-grpo", out / "vanilla-grpo")
+    metrics = out / "vanilla-grpo" / "seed0" / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines() if json.loads(line).get("round", 0) <= 1]
+    metrics.write_text("\n".join(kept) + "\n" + '{"round": 2, "kind": "rollo')  # and a torn line, as a kill leaves it
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    done = _run(design, out, "--report")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "interim" / "summary.json").read_text())
+    assert summary["interim"] is True and list(summary["arms"]) == ["vanilla-grpo"]  # seal-full never started
+    (seed,) = summary["arms"]["vanilla-grpo"]["seeds"]
+    assert seed["held_out_rounds"] == [0, 1] and len(seed["rollout_success"]) == 1
+    assert "test_final" not in summary["arms"]["vanilla-grpo"]
+    table = (out / "interim" / "table.md").read_text()
+    assert table.startswith("Interim") and "| vanilla-grpo | 0 | 1 |" in table  # arm, seeds, rounds validated
+    after = sorted(str(p.relative_to(out)) for p in out.rglob("*") if "interim" not in p.parts)
+    assert after == before  # no warm start, no training, no test evaluation
+    empty = _run(design, tmp_path / "empty", "--report")
+    assert empty.returncode != 0 and "nothing to report" in empty.stderr and "Traceback" not in empty.stderr
+
+
 def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("interface: {preset: nonsense}\n")
