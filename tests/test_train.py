@@ -268,6 +268,8 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
     assert summary["rounds"] == 2
     strip = lambda m: {k: v for k, v in m.items() if k not in ("time/seconds", "rollout/longest_share")}  # noqa: E731  (wall-clock shares)
     assert [strip(m) for m in read_metrics(out)] == [strip(m) for m in read_metrics(reference)]
+    # one update line a round: the resumed process books no update for the round its checkpoint ended
+    assert [m["round"] for m in read_metrics(out, "update")] == [m["round"] for m in read_metrics(reference, "update")] == [1, 2]
     key = lambda r: (r["round"], r["task_id"], r["advantage_before"], r["reward"])  # noqa: E731
     assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
     from safetensors.torch import load_file

@@ -126,6 +126,8 @@ class SealLoop:
         self._round_rollouts: list[dict[str, Any]] = []
         self._round_driver: dict[str, Any] = {}
         self._round_started = time.perf_counter()
+        self.rounds_played = 0
+        """rounds this process has played (``state.round`` counts from the run's start, checkpoints included)"""
         self.validation = list(validation)
         self.best_validation = _best_validation(out)
         self._chat: ChatTokens | None = None
@@ -200,9 +202,10 @@ class SealLoop:
 
     def rollout(self, prompts: list[list[dict[str, str]]], trainer: Any) -> dict[str, list[Any]]:
         started = time.perf_counter()
-        if self.state.round > 0:
+        if self.rounds_played:  # the previous round's update ran in this process (a resumed one has none to book)
             self.timing["optimisation"] += started - self._round_started
             self.print_update()
+        self.rounds_played += 1
         self.state.round += 1
         round_index = self.state.round
         interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,

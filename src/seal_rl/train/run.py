@@ -186,17 +186,16 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         _fsdp_on_cpu(trainer)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
-        rounds_before = loop.state.round
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        if loop.state.round > rounds_before:  # book the last round's update, which no next round will
+        if loop.rounds_played:  # book the last round's update, which no next round will
             loop.print_update()
-        if is_main and loop.state.round > rounds_before:
+        if is_main and loop.rounds_played:
             loop.timing["optimisation"] += time.perf_counter() - loop._round_started
             (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
                                                      "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
-        if loop.apatch_hook_calls != loop.state.round - rounds_before:
+        if loop.apatch_hook_calls != loop.rounds_played:
             raise RuntimeError(
-                f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.state.round - rounds_before} rounds: TRL no longer "
+                f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.rounds_played} rounds: TRL no longer "
                 f"calls GRPOTrainer._generate_and_score_completions as seal-rl expects (pinned trl==1.16.0)."
             )
         save_model(trainer, out / "model")
