@@ -264,8 +264,15 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
     out = tmp_path / "b"
     train(_recipe(tiny_path, **{"grpo.max_steps": 1}), out)
     assert [m["round"] for m in read_metrics(out)] == [1]
+    # the checkpoint keeps the seconds so far, and the resumed run counts on from them
+    (saved,) = (out / "checkpoints").glob("checkpoint-*/time.json")
+    seconds = json.loads(saved.read_text())["time/seconds"]
+    assert seconds["generation"] == read_metrics(out)[0]["time/seconds"]["generation"] > 0 and seconds["optimisation"] > 0
+    saved.write_text(json.dumps({"time/seconds": {**seconds, "generation": seconds["generation"] + 1e6}}))  # unmistakable
     summary = train(_recipe(tiny_path), out, resume=out)
     assert summary["rounds"] == 2
+    assert read_metrics(out)[1]["time/seconds"]["generation"] > 1e6
+    assert json.loads((out / "time.json").read_text())["time/seconds"]["generation"] > 1e6
     strip = lambda m: {k: v for k, v in m.items() if k not in ("time/seconds", "rollout/longest_share")}  # noqa: E731  (wall-clock shares)
     assert [strip(m) for m in read_metrics(out)] == [strip(m) for m in read_metrics(reference)]
     # one update line a round: the resumed process books no update for the round its checkpoint ended

@@ -220,8 +220,9 @@ def optimisation_section(source: str, series: Mapping[str, Mapping[int, float]])
 def time_section(rollouts: Sequence[Mapping[str, Any]], end: Mapping[str, Any] | None) -> list[Markup]:
     """Seconds per phase over the whole run.
 
-    ``time/seconds`` is cumulative within one process session and restarts on resume, so the run's
-    total is the sum over sessions of each session's last value. A round's optimisation is booked
+    ``time/seconds`` is cumulative over the run: a checkpoint keeps the seconds so far and a resumed
+    run counts on from them. Runs of older versions restarted at zero on resume, so a drop starts a
+    new session and the total is the sum over sessions of each one's last value. A round's optimisation is booked
     when the next round starts; ``time.json``, written when training ends, books the last one. The
     optimisation window also holds in-training validation and the policy's forward and backward
     passes (``update/policy``), which have their own rows, so they are subtracted there; the

@@ -322,6 +322,14 @@ class SealLoop:
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
                            lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
 
+    def timing_so_far(self) -> dict[str, float]:
+        """Seconds per phase up to now, the running round's optimisation so far included (what a
+        checkpoint keeps, so that a resumed run goes on counting from it)."""
+        seconds = Counter(self.timing)
+        if self.rounds_played:
+            seconds["optimisation"] += time.perf_counter() - self._round_started
+        return {k: round(v, 4) for k, v in seconds.items()}
+
     def print_update(self) -> None:
         """One line after each round's update: where its time went and how many tokens each pass
         forwarded (since the previous line); the same as a ``kind: update`` line in ``metrics.jsonl``."""

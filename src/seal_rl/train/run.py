@@ -170,6 +170,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 warnings.warn(f"{out} has no checkpoint yet; starting the run over from round 1.", SealWarning, stacklevel=2)
             else:
                 loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
+                if (checkpoint / TIME_FILE).exists():  # older checkpoints have none: the count restarts
+                    loop.timing.update(json.loads((checkpoint / TIME_FILE).read_text())["time/seconds"])
             if is_main:
                 _drop_logs_after(out, loop.state.round)
             loop.best_validation = _best_validation(out)

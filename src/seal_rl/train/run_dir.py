@@ -23,8 +23,10 @@ from seal_rl.errors import SealError
 SEAL_STATE_FILE = "seal_state.json"
 METRICS_FILE = "metrics.jsonl"
 TIME_FILE = "time.json"
+"""the run's seconds per phase when training ended, the last round's optimisation included; each
+checkpoint holds one too (the seconds up to its save), so a resumed run's figures cover every round
+the model went through (not the replay of a round a kill interrupted)"""
 VALIDATION_DIR = "validation"
-"""this session's seconds per phase when training ended, the last round's optimisation included"""
 
 
 def read_metrics(run_dir: Path, kind: str = "rollout") -> list[dict[str, Any]]:

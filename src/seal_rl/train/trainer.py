@@ -31,7 +31,7 @@ from seal_rl.prefix_tree import (
     attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, own_precision, pack, rows_of,
     scored_positions,
 )  # fmt: skip
-from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE
+from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE, TIME_FILE
 
 if TYPE_CHECKING:
     from seal_rl.train.loop import SealLoop
@@ -295,7 +295,7 @@ def _seal_callback(loop: SealLoop):
     from transformers import TrainerCallback
 
     class SealStateCallback(TrainerCallback):
-        """Saves SEAL state into every checkpoint directory, and copies what TRL logs (loss, KL,
+        """Saves SEAL state and the seconds so far into every checkpoint directory, and copies what TRL logs (loss, KL,
         entropy, gradient norm, clip ratios, completion lengths, ``frac_reward_zero_std``, ...)
         into ``metrics.jsonl`` as ``kind: trainer`` lines, so the report has them."""
 
@@ -304,6 +304,8 @@ def _seal_callback(loop: SealLoop):
                 checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 checkpoint.mkdir(parents=True, exist_ok=True)
                 (checkpoint / SEAL_STATE_FILE).write_text(json.dumps(loop.state.to_json(), indent=1, sort_keys=True) + "\n")
+                (checkpoint / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": state.global_step,
+                                                                "time/seconds": loop.timing_so_far()}) + "\n")  # fmt: skip
             return control
 
         def on_log(self, args, state, control, logs=None, **kwargs):
