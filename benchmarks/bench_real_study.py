@@ -337,9 +337,10 @@ def main() -> int:
             *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"]),
             *spec.get("set", [])], threads, log))  # fmt: skip
 
-    with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
-        for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps if not args.report else [], 1)]:
-            finished.result()
+    if not args.report:
+        with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
+            for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:
+                finished.result()
     # the test tasks last (the longest prompts): every arm is trained before any test episode is played
     if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
         measure_on_test("warm_start", None, Path(start_model))

@@ -322,13 +322,15 @@ class SealLoop:
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,
                            lockstep=trainer_lockstep(trainer), prefix_cache_tokens=self.recipe.prefix_cache_tokens)  # fmt: skip
 
-    def timing_so_far(self) -> dict[str, float]:
-        """Seconds per phase up to now, the running round's optimisation so far included (what a
-        checkpoint keeps, so that a resumed run goes on counting from it)."""
+    def write_timing(self, path: Path, step: int) -> None:
+        """Write the seconds per phase up to now, the running round's optimisation so far included:
+        the run's ``time.json`` when training ends, and each checkpoint's (a resumed run goes on
+        counting from it)."""
         seconds = Counter(self.timing)
         if self.rounds_played:
             seconds["optimisation"] += time.perf_counter() - self._round_started
-        return {k: round(v, 4) for k, v in seconds.items()}
+        path.write_text(json.dumps({"round": self.state.round, "step": step,
+                                    "time/seconds": {k: round(v, 4) for k, v in seconds.items()}}) + "\n")  # fmt: skip
 
     def print_update(self) -> None:
         """One line after each round's update: where its time went and how many tokens each pass

@@ -192,9 +192,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         if loop.rounds_played:  # book the last round's update, which no next round will
             loop.print_update()
         if is_main and loop.rounds_played:
-            loop.timing["optimisation"] += time.perf_counter() - loop._round_started
-            (out / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": trainer.state.global_step,
-                                                     "time/seconds": {k: round(v, 4) for k, v in loop.timing.items()}}) + "\n")  # fmt: skip
+            loop.write_timing(out / TIME_FILE, trainer.state.global_step)
         if loop.apatch_hook_calls != loop.rounds_played:
             raise RuntimeError(
                 f"A-Patch was applied in {loop.apatch_hook_calls} of {loop.rounds_played} rounds: TRL no longer "

@@ -304,8 +304,7 @@ def _seal_callback(loop: SealLoop):
                 checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
                 checkpoint.mkdir(parents=True, exist_ok=True)
                 (checkpoint / SEAL_STATE_FILE).write_text(json.dumps(loop.state.to_json(), indent=1, sort_keys=True) + "\n")
-                (checkpoint / TIME_FILE).write_text(json.dumps({"round": loop.state.round, "step": state.global_step,
-                                                                "time/seconds": loop.timing_so_far()}) + "\n")  # fmt: skip
+                loop.write_timing(checkpoint / TIME_FILE, state.global_step)
             return control
 
         def on_log(self, args, state, control, logs=None, **kwargs):
