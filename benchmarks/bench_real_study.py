@@ -63,10 +63,12 @@ from rich.console import Console
 from rich.table import Table
 
 from seal_rl import jsonl, recipes
+from seal_rl.env import accepted_calls
 from seal_rl.evaluate import episode_counts, turn_measures
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.train import load_recipe, read_metrics, sft
+from seal_rl.verify import turn_local_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "real_study.yaml"
@@ -211,6 +213,34 @@ def nonzero_advantages(run: Path) -> int:
     path = run / "trajectories.jsonl"
     lines = jsonl.read(path).values if path.exists() else []  # a running study's torn last line is left out
     return sum(abs(line["advantage_after"]) > 1e-8 for line in lines if isinstance(line, dict))
+
+
+TURN_COUNTS = ("first_reached", "first_passed", "later_reached", "later_passed", "later_local")
+
+
+def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
+    """Per round, where the sampled episodes' passed turns are: each episode's first scorable turn
+    (the first with a ground truth) and its later scorable turns, counted when reached; of the later
+    ones, how many pass the official check and how many pass turn-locally
+    (:func:`~seal_rl.verify.turn_local_passes`: their own calls, right where the model stood)."""
+    path = run / "trajectories.jsonl"
+    rounds: dict[int, dict[str, int]] = {}
+    for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
+        if not isinstance(record, dict):
+            continue
+        counts = rounds.setdefault(record["round"], dict.fromkeys(TURN_COUNTS, 0))
+        checks = [turn for turn in record["verdict"]["turns"] if turn["scorable"]]
+        if not checks:
+            continue
+        task = task_set.get(record["task_id"])
+        local = turn_local_passes(task, accepted_calls(record["trace"], task.num_turns)) if len(checks) > 1 else ()
+        for k, check in enumerate(checks):
+            if check["reached"]:
+                where = "first" if k == 0 else "later"
+                counts[f"{where}_reached"] += 1
+                counts[f"{where}_passed"] += check["failure"] is None
+                counts["later_local"] += k > 0 and bool(local[check["turn"]])
+    return [rounds[r] for r in sorted(rounds)]
 
 
 def rate(records: list[dict]) -> list[float]:
@@ -406,7 +436,8 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
     for arm, _spec, seed in steps:
         curves = run_curves(out / arm / f"seed{seed}")
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
-        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}")})
+        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}"),
+                               "turns": turn_breakdown(out / arm / f"seed{seed}", task_set)})  # fmt: skip
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
     for arm, entry in arms.items():
@@ -453,7 +484,8 @@ def _vs(entry: dict, key: str) -> str:
 
 
 def render(results: dict, console: Console) -> str:
-    """Two tables, printed and returned as Markdown: the curves per round, and the outcomes."""
+    """Three tables, printed and returned as Markdown: the curves per round, the outcomes, and where
+    the sampled episodes' passed turns are."""
     warm = results["warm_start"]
     held = warm.get("held_out", {})
     title = (("Interim (each run at the round it has reached; the outcomes compare those rounds): " if results.get("interim") else "")
@@ -477,8 +509,13 @@ def render(results: dict, console: Console) -> str:
                 "test call share": lambda a, e: _test(e, lambda t: f"{t['call_share']:.2f}"),
                 "test turn pass": lambda a, e: _test(e, lambda t: f"{t['turn_pass_rate']:.2f}"),
                 "test vs baseline": lambda a, e: _vs(e, "test_vs_vanilla")}  # fmt: skip
+    turns = {"arm": lambda a, e: a,
+             "first scorable turn passed": lambda a, e: _turns(e["seeds"], "first_passed", "first_reached"),
+             "later turns passed": lambda a, e: _turns(e["seeds"], "later_passed", "later_reached"),
+             "later turns right where the model stood (turn-local)": lambda a, e: _turns(e["seeds"], "later_local", "later_reached")}  # fmt: skip
     markdown = [title, ""]
-    for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes)):
+    for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes),
+                             ("Turns of the sampled episodes, by round (summed over seeds)", turns)):  # fmt: skip
         table = Table(*columns, title=caption)
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for arm, entry in results["arms"].items():
@@ -489,6 +526,11 @@ def render(results: dict, console: Console) -> str:
         markdown += [f"**{caption}**", "", *lines, ""]
     console.print(title, highlight=False, soft_wrap=True)
     return "\n".join(markdown)
+
+
+def _turns(seeds: list[dict], passed: str, reached: str) -> str:
+    rounds = min(len(s["turns"]) for s in seeds)
+    return " → ".join(f"{sum(s['turns'][i][passed] for s in seeds)}/{sum(s['turns'][i][reached] for s in seeds)}" for i in range(rounds))
 
 
 def _test(entry: dict, cell) -> str:

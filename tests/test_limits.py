@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seal_rl.backends import MAX_INTEGER_DIGITS, MAX_RESULT_DIGITS, Backends, resource_guard
-from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.env import BfclEnv, EnvConfig, accepted_calls
 from seal_rl.errors import SealError
 from seal_rl.limits import StepTimeout, time_limit, truncate_result
 from seal_rl.tools import ToolCall, _hermes_blocks, _strip_fence, get_format
@@ -131,6 +131,7 @@ def test_a_call_running_past_the_step_limit_is_stopped_and_ends_the_episode(task
     assert pwd.error_kind == "execution" and "was stopped" in pwd.result
     assert not skipped.accepted and skipped.error_kind == "execution" and "not executed" in skipped.error
     assert env.calls_by_turn[0] == [[ToolCall("ls", {})]]  # the stopped call counts as not made
+    assert accepted_calls(env.record()["trace"], env.task.num_turns) == env.calls_by_turn  # and read back from the trace
     assert info["verdict"].checker_error is None
 
 

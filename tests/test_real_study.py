@@ -10,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.verify import ground_truth_calls
+from tests.helpers import ground_truth_steps, play_steps
+
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = ["multi_turn_base_118", "multi_turn_base_121"]
 
@@ -46,7 +50,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     for arm, entry in summary["arms"].items():
         (seed,) = entry["seeds"]
         assert len(seed["held_out_success"]) == len(seed["held_out_call_share"]) == 3  # round 0 (the start) + 2 rounds
-        assert len(seed["rollout_success"]) == len(seed["nonzero_advantage_groups"]) == 2
+        assert len(seed["rollout_success"]) == len(seed["nonzero_advantage_groups"]) == len(seed["turns"]) == 2
         assert all(set(tasks) == set(HELD_OUT) for tasks in seed["held_out_tasks"])
         assert entry["test_final"]["turns"] > 0 and entry["test_final"]["messages"] > 0
         config = (out / arm / "seed0" / "config.yaml").read_text()
@@ -65,7 +69,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert "By round" in stdout and "Outcomes" in stdout
     assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
     page = (out / "report.html").read_text()
-    assert page.count("<table>") == 2 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
+    assert page.count("<table>") == 3 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
 
 
 def test_a_stopped_study_resumes_without_redoing_finished_runs(study, tmp_path):
@@ -141,6 +145,21 @@ def test_the_report_reads_a_study_in_progress_and_trains_nothing(study, tmp_path
     assert after == before  # no warm start, no training, no test evaluation
     empty = _run(design, tmp_path / "empty", "--report")
     assert empty.returncode != 0 and "nothing to report" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_the_turn_breakdown_counts_first_and_later_turns_officially_and_turn_locally(tmp_path, task_set):
+    """Round 1 of a run holds two real episodes of multi_turn_base_0 (4 turns, each with a ground
+    truth): the ground truth, and the ground truth with turn 0 answered in text. The first passes all 4
+    turns; the second none officially (its later turns inherit the missing mkdir/mv), but its 3 later
+    turns make the right calls where the model stood."""
+    from benchmarks.bench_real_study import turn_breakdown
+
+    env, task = BfclEnv(EnvConfig()), task_set.get("multi_turn_base_0")
+    truth = ground_truth_steps(ground_truth_calls(task))
+    records = [{"round": 1, **play_steps(env, task, steps).record()} for steps in (truth, [[], *truth[1:]])]
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"round": 2, "ta')
+    assert turn_breakdown(tmp_path, task_set) == [
+        {"first_reached": 2, "first_passed": 1, "later_reached": 6, "later_passed": 3, "later_local": 6}]  # the torn round 2 is left out
 
 
 def test_a_failed_run_stops_the_study_with_its_command(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 from seal_rl.differential import official_check, official_failure, perturbed_steps
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.tools import ToolCall
-from seal_rl.verify import ground_truth_calls, parse_ground_truth_call, verify
+from seal_rl.verify import ground_truth_calls, parse_ground_truth_call, turn_local_passes, verify
 from tests.helpers import ground_truth_steps, play_steps
 
 SAMPLE_PER_CATEGORY = 75  # 300 perturbed transcripts here; benchmarks/differential.py runs 5,000+
@@ -82,6 +82,50 @@ def test_every_turn_is_checked_after_the_first_failure(task_set):
     assert [t.has_calls for t in verdict.turns] == [False, True, True, True]
     assert [t.failure for t in verdict.turns[1:]] == ["instance_state_mismatch"] * 3
     assert all(t.state_differences[0].attribute == "root" for t in verdict.turns[1:])
+
+
+def test_the_turn_local_check_scores_later_turns_where_the_model_stood(task_set):
+    """The case above: turn 0 answered in text, turns 1-3 the ground truth's calls. Officially every
+    later turn inherits the missing mkdir/mv; turn-locally each made the right calls on its own state."""
+    task = task_set.get("multi_turn_base_0")
+    steps = ground_truth_steps(ground_truth_calls(task))
+    steps[0] = []
+    assert [t.passed for t in verify(task, steps).turns] == [False] * 4
+    assert turn_local_passes(task, steps) == (False, True, True, True)
+    steps[2] = [[ToolCall("mkdir", {"dir_name": "surprise"}), *steps[2][0]]]  # a wrong call of turn 2's own
+    assert turn_local_passes(task, steps) == (False, True, False, True)
+
+
+def _flat(turn_steps) -> list:
+    return [call for step in turn_steps for call in step]
+
+
+def test_the_turn_local_check_is_the_official_one_after_a_ground_truth_history(task_set):
+    """Differential against verify() on perturbed transcripts: wherever the turns before k executed
+    exactly the ground truth's calls, both checks see the same state and give turn k the same verdict;
+    a turn that makes the ground truth's calls passes turn-locally whatever came before (the backends
+    are deterministic), though officially it may fail."""
+    rng = random.Random("turn-local")
+    pool = [t for t in task_set if t.category != "long_context"]
+    agreed, inherited = {True: 0, False: 0}, 0
+    for _ in range(150):
+        task = rng.choice(pool)
+        truth = ground_truth_calls(task)
+        steps = perturbed_steps(task, truth, rng)
+        k = rng.randrange(task.num_turns)
+        steps[k] = [list(truth[k])] if truth[k] else steps[k]  # turn k: the ground truth's calls
+        official, local = verify(task, steps).turns, turn_local_passes(task, steps)
+        assert len(local) == task.num_turns
+        for turn, check in enumerate(official):
+            if not check.scorable:
+                assert local[turn] is None
+            elif all(_flat(steps[t]) == list(truth[t]) for t in range(turn)):
+                assert local[turn] == check.passed, (task.id, turn)
+                agreed[check.passed] += 1
+        if truth[k]:
+            assert local[k] is True, (task.id, k)
+            inherited += not official[k].passed
+    assert min(agreed.values()) > 20 and inherited > 10, (agreed, inherited)  # both verdicts, and inherited failures, occurred
 
 
 def test_state_differences_name_class_and_attribute(task_set):

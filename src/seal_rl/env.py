@@ -17,7 +17,7 @@ from typing import Any
 from seal_rl.backends import EXECUTION_ERROR_PREFIX, Backends, CallOutcome
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, Message, Rejection, ToolResult
-from seal_rl.limits import StepTimeout, stopped_call_error, time_limit, truncate_result
+from seal_rl.limits import STOPPED_CALL, StepTimeout, stopped_call_error, time_limit, truncate_result
 from seal_rl.protocol import Decoded, check_protocol, decode
 from seal_rl.reasoning import REASONING_FIELDS, answer
 from seal_rl.tasks import Task
@@ -509,6 +509,20 @@ def episode_record(env: BfclEnv) -> dict[str, Any]:
         "trace": [_trace_json(entry) for entry in env.trace],
         "verdict": env.verdict.to_json(),
     }
+
+
+def accepted_calls(trace: Sequence[Mapping[str, Any]], num_turns: int) -> list[list[list[ToolCall]]]:
+    """What an episode record's ``trace`` says the environment executed: per user turn, per model
+    step, the calls (``BfclEnv.calls_by_turn``, which :func:`verify` scored). A call stopped by the
+    step time limit did not count there and is left out here too."""
+    steps: dict[tuple[int, int], list[ToolCall]] = {}
+    for entry in trace:
+        if entry["accepted"] and not STOPPED_CALL.search(entry["error"] or ""):
+            steps.setdefault((entry["turn"], entry["step"]), []).append(ToolCall(entry["name"], entry["arguments"] or {}))
+    calls: list[list[list[ToolCall]]] = [[] for _ in range(num_turns)]
+    for (turn, _step), step_calls in steps.items():
+        calls[turn].append(step_calls)
+    return calls
 
 
 def _trace_json(entry: TraceEntry) -> Mapping[str, Any]:

@@ -23,6 +23,7 @@ is left alone, otherwise it is re-armed with its remaining time when the block e
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -48,6 +49,10 @@ def truncate_result(text: str, limit: int) -> tuple[str, int]:
 def stopped_call_error(step_timeout_s: float) -> str:
     """The error a call stopped by the step time limit gets (in the episode and in the verifier)."""
     return f"the step ran past its time limit of {step_timeout_s:g} s; this call was stopped"
+
+
+STOPPED_CALL = re.compile(r"the step ran past its time limit of [^ ]+ s; this call was stopped$")
+"""Finds a :func:`stopped_call_error` at the end of a trace entry's error (after schema violations, if any)."""
 
 
 def alarms_available() -> bool:

@@ -374,3 +374,36 @@ def verify(
         checks.append(check)
     turns = tuple(checks)
     return Verdict(reward=float(reached >= task.num_turns and all(turn.passed for turn in turns)), turns=turns)
+
+
+def turn_local_passes(
+    task: Task, calls_by_turn: Sequence[Sequence[Sequence[ToolCall]]], *, step_timeout_s: float | None = None
+) -> tuple[bool | None, ...]:
+    """Per user turn, whether its own calls were right *where the model stood*: BFCL's per-turn rules
+    (calls made, same instances, same state, every ground-truth output among the model's outputs so
+    far) with the ground truth's calls of turn k executed on the state the model's own calls left
+    before turn k, instead of on the ground truth's history. None for a turn with no ground truth.
+
+    Not a reward and not the official check (:func:`verify`): a counterfactual for analysis. The
+    official check compares the whole state with the ground truth's, so after one failed turn every
+    later turn inherits its differences; this one tells whether the later turns were right on their
+    own (docs/real-study.md). Where the turns before k are the ground truth's, the two agree.
+    """
+    world = BackendWorld(long_context=task.long_context)
+    passes: list[bool | None] = []
+    for turn, expected in enumerate(ground_truth_calls(task)):
+        steps = [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
+        if not expected or not steps:
+            passes.append(None if not expected else False)
+            continue
+        model, truth = Backends(task, world), Backends(task, world)
+        outputs: list[str | tuple[int, bytes]] = []
+        for earlier in calls_by_turn[:turn]:
+            for step in (step for step in earlier if step):
+                outputs.extend(_replay(model, step, step_timeout_s))
+                _replay(truth, step, step_timeout_s)
+        outputs.extend(output for step in steps for output in _replay(model, step, step_timeout_s))
+        truth_outputs = [truth.execute(call).output for call in expected]
+        passes.append(set(model.instances) == set(truth.instances) and not _state_differences(model, truth)
+                      and not _missing_indices(outputs, truth_outputs))  # fmt: skip
+    return tuple(passes)
