@@ -268,7 +268,8 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
     (saved,) = (out / "checkpoints").glob("checkpoint-*/time.json")
     seconds = json.loads(saved.read_text())["time/seconds"]
     assert seconds["generation"] == read_metrics(out)[0]["time/seconds"]["generation"] > 0 and seconds["optimisation"] > 0
-    saved.write_text(json.dumps({"time/seconds": {**seconds, "generation": seconds["generation"] + 1e6}}))  # unmistakable
+    saved.write_text(json.dumps({"time/seconds": {**seconds, "generation": seconds["generation"] + 1e6,  # unmistakable
+                                                  "update/policy": seconds["update/policy"] + 1e6}}))
     summary = train(_recipe(tiny_path), out, resume=out)
     assert summary["rounds"] == 2
     assert read_metrics(out)[1]["time/seconds"]["generation"] > 1e6
@@ -277,6 +278,8 @@ def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
     assert [strip(m) for m in read_metrics(out)] == [strip(m) for m in read_metrics(reference)]
     # one update line a round: the resumed process books no update for the round its checkpoint ended
     assert [m["round"] for m in read_metrics(out, "update")] == [m["round"] for m in read_metrics(reference, "update")] == [1, 2]
+    assert read_metrics(out)[1]["time/seconds"]["update/policy"] > 1e6  # the run's total counts on,
+    assert 0 < read_metrics(out, "update")[1]["update/policy/seconds"] < 1e6  # the round's update line books its own
     key = lambda r: (r["round"], r["task_id"], r["advantage_before"], r["reward"])  # noqa: E731
     assert sorted(map(key, _jsonl(out / "trajectories.jsonl"))) == sorted(map(key, _jsonl(reference / "trajectories.jsonl")))
     from safetensors.torch import load_file

@@ -45,6 +45,8 @@ from seal_rl.trajectory import ChatTokens
 
 
 CONSOLE = Console(stderr=True)
+UPDATE_PASSES = ("update/policy", "update/reference", "update/old_logprobs")
+"""the passes of an update whose seconds and tokens each update line books (:func:`update_summary`)"""
 
 
 @contextmanager
@@ -332,10 +334,16 @@ class SealLoop:
         path.write_text(json.dumps({"round": self.state.round, "step": step,
                                     "time/seconds": {k: round(v, 4) for k, v in seconds.items()}}) + "\n")  # fmt: skip
 
+    def restore_timing(self, seconds: dict[str, float]) -> None:
+        """Count on from a checkpoint's seconds per phase (its ``time.json``): ``time/seconds`` covers
+        the whole run, and the next update line only what this process spent on that update."""
+        self.timing.update(seconds)
+        self._update_marks = {k: self.timing[k] for k in UPDATE_PASSES}
+
     def print_update(self) -> None:
         """One line after each round's update: where its time went and how many tokens each pass
         forwarded (since the previous line); the same as a ``kind: update`` line in ``metrics.jsonl``."""
-        keys = ("update/policy", "update/reference", "update/old_logprobs")
+        keys = UPDATE_PASSES
         spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in keys}
         counts = {f"{k}/{n}": self.tokens[f"{k}/{n}"] - self._update_marks.get(f"{k}/{n}", 0) for k in keys for n in ("rows", "forwarded")}
         self._update_marks = {**{k: self.timing[k] for k in keys}, **{k: self.tokens[k] for k in counts}}

@@ -171,7 +171,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             else:
                 loop.state = SealState.from_json(json.loads((checkpoint / SEAL_STATE_FILE).read_text()))
                 if (checkpoint / TIME_FILE).exists():  # older checkpoints have none: the count restarts
-                    loop.timing.update(json.loads((checkpoint / TIME_FILE).read_text())["time/seconds"])
+                    loop.restore_timing(json.loads((checkpoint / TIME_FILE).read_text())["time/seconds"])
             if is_main:
                 _drop_logs_after(out, loop.state.round)
             loop.best_validation = _best_validation(out)
