@@ -239,7 +239,8 @@ def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
                 where = "first" if k == 0 else "later"
                 counts[f"{where}_reached"] += 1
                 counts[f"{where}_passed"] += check["failure"] is None
-                counts["later_local"] += k > 0 and bool(local[check["turn"]])
+                if k:
+                    counts["later_local"] += bool(local[check["turn"]])
     return [rounds[r] for r in sorted(rounds)]
 
 

@@ -286,6 +286,11 @@ def _missing_indices(outputs: Sequence[str | tuple[int, bytes]], expected: Seque
     return missing
 
 
+def _turn_steps(calls_by_turn: Sequence[Sequence[Sequence[ToolCall]]], turn: int) -> list[Sequence[ToolCall]]:
+    """The model steps of ``turn`` that made calls (missing trailing turns have none)."""
+    return [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
+
+
 def _own_outcome(task: Task, world: BackendWorld, expected_calls, turn: int, steps, earlier_outputs: Sequence[str | tuple[int, bytes]],
                  truth: Backends, truth_outputs: Sequence[str], step_timeout_s: float | None) -> tuple[set[str], list[str]]:  # fmt: skip
     """What this turn's own calls get wrong: the model's accepted calls of ``turn`` replayed on a
@@ -331,7 +336,7 @@ def verify(
     model_outputs: list[str | tuple[int, bytes]] = []
     checks = []
     for turn, expected in enumerate(expected_calls):
-        steps = [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
+        steps = _turn_steps(calls_by_turn, turn)
         earlier_outputs = list(model_outputs)
         for step in steps:
             if model is None:
@@ -390,19 +395,20 @@ def turn_local_passes(
     own (docs/real-study.md). Where the turns before k are the ground truth's, the two agree.
     """
     world = BackendWorld(long_context=task.long_context)
+    model = Backends(task, world)  # the model's calls, executed turn by turn as in the episode
+    outputs: list[str | tuple[int, bytes]] = []
     passes: list[bool | None] = []
     for turn, expected in enumerate(ground_truth_calls(task)):
-        steps = [step for step in (calls_by_turn[turn] if turn < len(calls_by_turn) else ()) if step]
+        steps = _turn_steps(calls_by_turn, turn)
+        for step in steps:
+            outputs.extend(_replay(model, step, step_timeout_s))
         if not expected or not steps:
             passes.append(None if not expected else False)
             continue
-        model, truth = Backends(task, world), Backends(task, world)
-        outputs: list[str | tuple[int, bytes]] = []
-        for earlier in calls_by_turn[:turn]:
-            for step in (step for step in earlier if step):
-                outputs.extend(_replay(model, step, step_timeout_s))
+        truth = Backends(task, world)  # where the model stood before this turn, then the ground truth's calls
+        for earlier in range(turn):
+            for step in _turn_steps(calls_by_turn, earlier):
                 _replay(truth, step, step_timeout_s)
-        outputs.extend(output for step in steps for output in _replay(model, step, step_timeout_s))
         truth_outputs = [truth.execute(call).output for call in expected]
         passes.append(set(model.instances) == set(truth.instances) and not _state_differences(model, truth)
                       and not _missing_indices(outputs, truth_outputs))  # fmt: skip

@@ -343,10 +343,10 @@ class SealLoop:
     def print_update(self) -> None:
         """One line after each round's update: where its time went and how many tokens each pass
         forwarded (since the previous line); the same as a ``kind: update`` line in ``metrics.jsonl``."""
-        keys = UPDATE_PASSES
-        spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in keys}
-        counts = {f"{k}/{n}": self.tokens[f"{k}/{n}"] - self._update_marks.get(f"{k}/{n}", 0) for k in keys for n in ("rows", "forwarded")}
-        self._update_marks = {**{k: self.timing[k] for k in keys}, **{k: self.tokens[k] for k in counts}}
+        spent = {k: self.timing[k] - self._update_marks.get(k, 0.0) for k in UPDATE_PASSES}
+        counts = {f"{k}/{n}": self.tokens[f"{k}/{n}"] - self._update_marks.get(f"{k}/{n}", 0) for k in UPDATE_PASSES
+                  for n in ("rows", "forwarded")}  # fmt: skip
+        self._update_marks = {**{k: self.timing[k] for k in UPDATE_PASSES}, **{k: self.tokens[k] for k in counts}}
         if self.is_main:
             CONSOLE.print(update_summary(self.state.round, spent, self.recipe, counts), highlight=False, soft_wrap=True)
             line = {"round": self.state.round, "kind": "update", **{f"{k}/seconds": round(v, 3) for k, v in spent.items()},
