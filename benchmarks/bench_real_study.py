@@ -498,6 +498,7 @@ def render(results: dict, console: Console) -> str:
     curves = {"arm": lambda a, e: a, "seeds": lambda a, e: ",".join(str(s["seed"]) for s in e["seeds"]),
               "rounds validated": lambda a, e: ",".join(str(s["held_out_rounds"][-1]) for s in e["seeds"]),
               "rollout success": lambda a, e: _curve(e["seeds"], "rollout_success"),
+              "rollout turns passed": lambda a, e: _curve(e["seeds"], "rollout_progress"),
               "non-zero-advantage groups": lambda a, e: _curve(e["seeds"], "nonzero_advantage_groups"),
               "turn anchors varied": lambda a, e: _curve(e["seeds"], "turn_anchors_varied"),
               "held-out success (round 0 = warm start)": lambda a, e: _curve(e["seeds"], "held_out_success"),

@@ -67,6 +67,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert interface != [[], []]  # the label-driven interface reacts to the tiny model's failures
     assert "seal-full" in summary["arms"] and "test_vs_vanilla" in summary["arms"]["seal-full"]
     assert "By round" in stdout and "Outcomes" in stdout
+    assert "| rollout turns passed |" in (out / "table.md").read_text()  # the dense measure, beside the binary one
     assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
     page = (out / "report.html").read_text()
     assert page.count("<table>") == 3 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
