@@ -55,6 +55,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -242,6 +243,19 @@ def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
                 if k:
                     counts["later_local"] += bool(local[check["turn"]])
     return [rounds[r] for r in sorted(rounds)]
+
+
+def tool_calls(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
+    """Per round, how often the sampled episodes called each tool (accepted calls only): a policy that
+    collapses onto the one tool its reward favours shows here before anywhere else."""
+    path = run / "trajectories.jsonl"
+    rounds: dict[int, Counter[str]] = {}
+    for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
+        if isinstance(record, dict):
+            counts = rounds.setdefault(record["round"], Counter())
+            num_turns = task_set.get(record["task_id"]).num_turns
+            counts.update(call.name for turn in accepted_calls(record["trace"], num_turns) for step in turn for call in step)
+    return [dict(rounds[r]) for r in sorted(rounds)]
 
 
 def rate(records: list[dict]) -> list[float]:
@@ -438,7 +452,8 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
         curves = run_curves(out / arm / f"seed{seed}")
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
         entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}"),
-                               "turns": turn_breakdown(out / arm / f"seed{seed}", task_set)})  # fmt: skip
+                               "turns": turn_breakdown(out / arm / f"seed{seed}", task_set),
+                               "tools": tool_calls(out / arm / f"seed{seed}", task_set)})  # fmt: skip
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
     for arm, entry in arms.items():
@@ -514,7 +529,8 @@ def render(results: dict, console: Console) -> str:
     turns = {"arm": lambda a, e: a,
              "first scorable turn passed": lambda a, e: _turns(e["seeds"], "first_passed", "first_reached"),
              "later turns passed": lambda a, e: _turns(e["seeds"], "later_passed", "later_reached"),
-             "later turns right where the model stood (turn-local)": lambda a, e: _turns(e["seeds"], "later_local", "later_reached")}  # fmt: skip
+             "later turns right where the model stood (turn-local)": lambda a, e: _turns(e["seeds"], "later_local", "later_reached"),
+             "most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"])}  # fmt: skip
     markdown = [title, ""]
     for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes),
                              ("Turns of the sampled episodes, by round (summed over seeds)", turns)):  # fmt: skip
@@ -533,6 +549,17 @@ def render(results: dict, console: Console) -> str:
 def _turns(seeds: list[dict], passed: str, reached: str) -> str:
     rounds = min(len(s["turns"]) for s in seeds)
     return " → ".join(f"{sum(s['turns'][i][passed] for s in seeds)}/{sum(s['turns'][i][reached] for s in seeds)}" for i in range(rounds))
+
+
+def _top_tool(seeds: list[dict]) -> str:
+    """Per round, the tool called most (summed over seeds) and its share; named once if it never changes."""
+    rounds = [sum((Counter(s["tools"][i]) for s in seeds), Counter()) for i in range(min(len(s["tools"]) for s in seeds))]
+    top = [(c.most_common(1)[0], c.total()) if c else (("none", 0), 0) for c in rounds]
+    shares = [f"{count / total if total else 0:.2f}" for (_, count), total in top]
+    names = {name for (name, _), _ in top}
+    if len(names) == 1:
+        return f"{names.pop()}: " + " → ".join(shares)
+    return " → ".join(f"{name} {share}" for ((name, _), _), share in zip(top, shares))
 
 
 def _test(entry: dict, cell) -> str:

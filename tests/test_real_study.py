@@ -163,6 +163,24 @@ def test_the_turn_breakdown_counts_first_and_later_turns_officially_and_turn_loc
         {"first_reached": 2, "first_passed": 1, "later_reached": 6, "later_passed": 3, "later_local": 6}]  # the torn round 2 is left out
 
 
+def test_tool_calls_counts_each_rounds_accepted_calls_by_tool(tmp_path, task_set):
+    """Round 1 plays multi_turn_base_0's ground truth; round 2 the same with turn 0 answered in text
+    and one call to a tool the task does not have (rejected, so not counted)."""
+    from collections import Counter
+
+    from benchmarks.bench_real_study import tool_calls
+    from seal_rl.tools import ToolCall
+
+    env, task = BfclEnv(EnvConfig()), task_set.get("multi_turn_base_0")
+    truth = ground_truth_calls(task)
+    steps = ground_truth_steps(truth)
+    records = [{"round": 1, **play_steps(env, task, steps).record()},
+               {"round": 2, **play_steps(env, task, [[], *steps[1:-1], [[ToolCall("no_such_tool", {})], *steps[-1]]]).record()}]  # fmt: skip
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tool_calls(tmp_path, task_set) == [dict(Counter(c.name for turn in truth for c in turn)),
+                                              dict(Counter(c.name for turn in truth[1:] for c in turn))]  # fmt: skip
+
+
 def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("interface: {preset: nonsense}\n")
