@@ -249,13 +249,27 @@ def tool_calls(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
     """Per round, how often the sampled episodes called each tool (accepted calls only): a policy that
     collapses onto the one tool its reward favours shows here before anywhere else."""
     path = run / "trajectories.jsonl"
-    rounds: dict[int, Counter[str]] = {}
+    rounds: dict[int, list[dict]] = {}
     for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
         if isinstance(record, dict):
-            counts = rounds.setdefault(record["round"], Counter())
-            num_turns = task_set.get(record["task_id"]).num_turns
-            counts.update(call.name for turn in accepted_calls(record["trace"], num_turns) for step in turn for call in step)
-    return [dict(rounds[r]) for r in sorted(rounds)]
+            rounds.setdefault(record["round"], []).append(record)
+    return [_calls_by_tool(rounds[r], task_set) for r in sorted(rounds)]
+
+
+def held_out_tool_calls(run: Path, rounds: list[int], task_set: TaskSet) -> list[dict[str, int]]:
+    """The same count for the greedy held-out episodes of each validated round (none where the round's
+    records are not there: the metrics line is written first)."""
+    paths = [run / "validation" / f"round_{r}.jsonl" for r in rounds]
+    return [_calls_by_tool(jsonl.read(path).values if path.exists() else [], task_set) for path in paths]
+
+
+def _calls_by_tool(records: list, task_set: TaskSet) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for record in records:
+        if isinstance(record, dict):
+            turns = accepted_calls(record["trace"], task_set.get(record["task_id"]).num_turns)
+            counts.update(call.name for turn in turns for step in turn for call in step)
+    return dict(counts)
 
 
 def rate(records: list[dict]) -> list[float]:
@@ -453,7 +467,8 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
         entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}"),
                                "turns": turn_breakdown(out / arm / f"seed{seed}", task_set),
-                               "tools": tool_calls(out / arm / f"seed{seed}", task_set)})  # fmt: skip
+                               "tools": tool_calls(out / arm / f"seed{seed}", task_set),
+                               "held_out_tools": held_out_tool_calls(out / arm / f"seed{seed}", curves["held_out_rounds"], task_set)})  # fmt: skip
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
     for arm, entry in arms.items():
@@ -475,7 +490,7 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
                             "turn_pass_rate": measured["held_out_turn_pass"][0], "labels": measured["held_out_labels"][0]}  # fmt: skip
         for seed in seeds:
             if seed["held_out_rounds"][:1] != [0]:
-                for key in ("held_out_rounds", "held_out_success", "held_out_call_share", "held_out_turn_pass", "held_out_labels", "held_out_tasks"):
+                for key in ("held_out_rounds", "held_out_success", "held_out_call_share", "held_out_turn_pass", "held_out_labels", "held_out_tasks", "held_out_tools"):
                     seed[key] = [measured[key][0], *seed[key]]
     for entry in arms.values():  # records are kept in the run directories, not in the summary
         entry.pop("held_out"), entry.pop("test")
@@ -518,7 +533,8 @@ def render(results: dict, console: Console) -> str:
               "turn anchors varied": lambda a, e: _curve(e["seeds"], "turn_anchors_varied"),
               "held-out success (round 0 = warm start)": lambda a, e: _curve(e["seeds"], "held_out_success"),
               "held-out turn pass": lambda a, e: _curve(e["seeds"], "held_out_turn_pass"),
-              "held-out accepted-call share": lambda a, e: _curve(e["seeds"], "held_out_call_share")}  # fmt: skip
+              "held-out accepted-call share": lambda a, e: _curve(e["seeds"], "held_out_call_share"),
+              "held-out most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"], "held_out_tools")}  # fmt: skip
     outcomes = {"arm": lambda a, e: a,
                 "held-out final (95% CI)": lambda a, e: "{:.2f} ({:.2f}–{:.2f})".format(*e["held_out_final"]),
                 "held-out vs baseline: Δ (95% CI), McNemar p": lambda a, e: _vs(e, "held_out_vs_vanilla"),
@@ -530,7 +546,7 @@ def render(results: dict, console: Console) -> str:
              "first scorable turn passed": lambda a, e: _turns(e["seeds"], "first_passed", "first_reached"),
              "later turns passed": lambda a, e: _turns(e["seeds"], "later_passed", "later_reached"),
              "later turns right where the model stood (turn-local)": lambda a, e: _turns(e["seeds"], "later_local", "later_reached"),
-             "most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"])}  # fmt: skip
+             "most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"], "tools")}  # fmt: skip
     markdown = [title, ""]
     for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes),
                              ("Turns of the sampled episodes, by round (summed over seeds)", turns)):  # fmt: skip
@@ -551,9 +567,9 @@ def _turns(seeds: list[dict], passed: str, reached: str) -> str:
     return " → ".join(f"{sum(s['turns'][i][passed] for s in seeds)}/{sum(s['turns'][i][reached] for s in seeds)}" for i in range(rounds))
 
 
-def _top_tool(seeds: list[dict]) -> str:
+def _top_tool(seeds: list[dict], key: str) -> str:
     """Per round, the tool called most (summed over seeds) and its share; named once if it never changes."""
-    rounds = [sum((Counter(s["tools"][i]) for s in seeds), Counter()) for i in range(min(len(s["tools"]) for s in seeds))]
+    rounds = [sum((Counter(s[key][i]) for s in seeds), Counter()) for i in range(min(len(s[key]) for s in seeds))]
     top = [(c.most_common(1)[0], c.total()) if c else (("none", 0), 0) for c in rounds]
     shares = [f"{count / total if total else 0:.2f}" for (_, count), total in top]
     names = {name for (name, _), _ in top}

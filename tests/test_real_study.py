@@ -49,7 +49,8 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert list(summary["arms"]) == ["vanilla-grpo", "seal-full"] and summary["held_out"] == HELD_OUT
     for arm, entry in summary["arms"].items():
         (seed,) = entry["seeds"]
-        assert len(seed["held_out_success"]) == len(seed["held_out_call_share"]) == 3  # round 0 (the start) + 2 rounds
+        for key in ("held_out_success", "held_out_call_share", "held_out_tools"):
+            assert len(seed[key]) == 3  # round 0 (the start) + 2 rounds
         assert len(seed["rollout_success"]) == len(seed["nonzero_advantage_groups"]) == len(seed["turns"]) == 2
         assert all(set(tasks) == set(HELD_OUT) for tasks in seed["held_out_tasks"])
         assert entry["test_final"]["turns"] > 0 and entry["test_final"]["messages"] > 0
@@ -168,7 +169,7 @@ def test_tool_calls_counts_each_rounds_accepted_calls_by_tool(tmp_path, task_set
     and one call to a tool the task does not have (rejected, so not counted)."""
     from collections import Counter
 
-    from benchmarks.bench_real_study import tool_calls
+    from benchmarks.bench_real_study import held_out_tool_calls, tool_calls
     from seal_rl.tools import ToolCall
 
     env, task = BfclEnv(EnvConfig()), task_set.get("multi_turn_base_0")
@@ -177,8 +178,12 @@ def test_tool_calls_counts_each_rounds_accepted_calls_by_tool(tmp_path, task_set
     records = [{"round": 1, **play_steps(env, task, steps).record()},
                {"round": 2, **play_steps(env, task, [[], *steps[1:-1], [[ToolCall("no_such_tool", {})], *steps[-1]]]).record()}]  # fmt: skip
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert tool_calls(tmp_path, task_set) == [dict(Counter(c.name for turn in truth for c in turn)),
-                                              dict(Counter(c.name for turn in truth[1:] for c in turn))]  # fmt: skip
+    expected = [dict(Counter(c.name for turn in truth for c in turn)), dict(Counter(c.name for turn in truth[1:] for c in turn))]
+    assert tool_calls(tmp_path, task_set) == expected
+    (tmp_path / "validation").mkdir()
+    for r, record in enumerate(records, start=1):  # the held-out episodes: one file per validated round
+        (tmp_path / "validation" / f"round_{r}.jsonl").write_text(json.dumps(record) + "\n")
+    assert held_out_tool_calls(tmp_path, [2, 1, 3], task_set) == [expected[1], expected[0], {}]  # round 3: not written yet
 
 
 def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
