@@ -247,7 +247,7 @@ def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
 
 def tool_calls(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
     """Per round, how often the sampled episodes called each tool (accepted calls only): a policy that
-    collapses onto the one tool its reward favours shows here before anywhere else."""
+    collapses onto the one tool its reward favours shows here."""
     path = run / "trajectories.jsonl"
     rounds: dict[int, list[dict]] = {}
     for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
