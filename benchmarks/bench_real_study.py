@@ -209,26 +209,27 @@ def run_curves(run: Path) -> dict:
     }
 
 
-def nonzero_advantages(run: Path) -> int:
-    """How many of the run's rollouts carry a non-zero advantage after A-Patch."""
+def sampled_episodes(run: Path) -> list[dict]:
+    """The run's rollout records (``trajectories.jsonl``); a running study's torn last line is left out."""
     path = run / "trajectories.jsonl"
-    lines = jsonl.read(path).values if path.exists() else []  # a running study's torn last line is left out
-    return sum(abs(line["advantage_after"]) > 1e-8 for line in lines if isinstance(line, dict))
+    return [record for record in jsonl.read(path).values if isinstance(record, dict)] if path.exists() else []
+
+
+def nonzero_advantages(episodes: list[dict]) -> int:
+    """How many of the rollouts carry a non-zero advantage after A-Patch."""
+    return sum(abs(record["advantage_after"]) > 1e-8 for record in episodes)
 
 
 TURN_COUNTS = ("first_reached", "first_passed", "later_reached", "later_passed", "later_local")
 
 
-def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
+def turn_breakdown(episodes: list[dict], task_set: TaskSet) -> list[dict[str, int]]:
     """Per round, where the sampled episodes' passed turns are: each episode's first scorable turn
     (the first with a ground truth) and its later scorable turns, counted when reached; of the later
     ones, how many pass the official check and how many pass turn-locally
     (:func:`~seal_rl.verify.turn_local_passes`: their own calls, right where the model stood)."""
-    path = run / "trajectories.jsonl"
     rounds: dict[int, dict[str, int]] = {}
-    for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
-        if not isinstance(record, dict):
-            continue
+    for record in episodes:
         counts = rounds.setdefault(record["round"], dict.fromkeys(TURN_COUNTS, 0))
         checks = [turn for turn in record["verdict"]["turns"] if turn["scorable"]]
         if not checks:
@@ -245,14 +246,12 @@ def turn_breakdown(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
     return [rounds[r] for r in sorted(rounds)]
 
 
-def tool_calls(run: Path, task_set: TaskSet) -> list[dict[str, int]]:
+def tool_calls(episodes: list[dict], task_set: TaskSet) -> list[dict[str, int]]:
     """Per round, how often the sampled episodes called each tool (accepted calls only): a policy that
     collapses onto the one tool its reward favours shows here."""
-    path = run / "trajectories.jsonl"
     rounds: dict[int, list[dict]] = {}
-    for record in jsonl.read(path).values if path.exists() else []:  # a running study's torn last line is left out
-        if isinstance(record, dict):
-            rounds.setdefault(record["round"], []).append(record)
+    for record in episodes:
+        rounds.setdefault(record["round"], []).append(record)
     return [_calls_by_tool(rounds[r], task_set) for r in sorted(rounds)]
 
 
@@ -266,7 +265,7 @@ def held_out_tool_calls(run: Path, rounds: list[int], task_set: TaskSet) -> list
 def _calls_by_tool(records: list, task_set: TaskSet) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for record in records:
-        if isinstance(record, dict):
+        if isinstance(record, dict):  # a torn last line of a validation file is left out
             turns = accepted_calls(record["trace"], task_set.get(record["task_id"]).num_turns)
             counts.update(call.name for turn in turns for step in turn for call in step)
     return dict(counts)
@@ -423,7 +422,7 @@ def main() -> int:
     console.print(f"{written}/summary.json, table.md" + ("" if args.smoke else ", curves.png, report.html"))
     if args.smoke:
         run = out / SMOKE["arm"] / f"seed{SMOKE['seeds'][0]}"
-        moving = nonzero_advantages(run)
+        moving = nonzero_advantages(sampled_episodes(run))
         console.print(f"smoke: {moving} rollouts of {run} carry a non-zero advantage")
         if not moving:
             console.print("[red]smoke failed: every advantage is zero (no reward variance in any group)[/]")
@@ -463,12 +462,12 @@ def pilot_verdict(study: dict, out: Path, console: Console) -> int:
 def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict) -> dict:
     arms: dict[str, dict] = {}
     for arm, _spec, seed in steps:
-        curves = run_curves(out / arm / f"seed{seed}")
+        run = out / arm / f"seed{seed}"
+        curves, episodes = run_curves(run), sampled_episodes(run)
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
-        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(out / arm / f"seed{seed}"),
-                               "turns": turn_breakdown(out / arm / f"seed{seed}", task_set),
-                               "tools": tool_calls(out / arm / f"seed{seed}", task_set),
-                               "held_out_tools": held_out_tool_calls(out / arm / f"seed{seed}", curves["held_out_rounds"], task_set)})  # fmt: skip
+        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(episodes),
+                               "turns": turn_breakdown(episodes, task_set), "tools": tool_calls(episodes, task_set),
+                               "held_out_tools": held_out_tool_calls(run, curves["held_out_rounds"], task_set)})  # fmt: skip
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
     for arm, entry in arms.items():

@@ -154,13 +154,13 @@ def test_the_turn_breakdown_counts_first_and_later_turns_officially_and_turn_loc
     truth): the ground truth, and the ground truth with turn 0 answered in text. The first passes all 4
     turns; the second none officially (its later turns inherit the missing mkdir/mv), but its 3 later
     turns make the right calls where the model stood."""
-    from benchmarks.bench_real_study import turn_breakdown
+    from benchmarks.bench_real_study import sampled_episodes, turn_breakdown
 
     env, task = BfclEnv(EnvConfig()), task_set.get("multi_turn_base_0")
     truth = ground_truth_steps(ground_truth_calls(task))
     records = [{"round": 1, **play_steps(env, task, steps).record()} for steps in (truth, [[], *truth[1:]])]
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"round": 2, "ta')
-    assert turn_breakdown(tmp_path, task_set) == [
+    assert turn_breakdown(sampled_episodes(tmp_path), task_set) == [
         {"first_reached": 2, "first_passed": 1, "later_reached": 6, "later_passed": 3, "later_local": 6}]  # the torn round 2 is left out
 
 
@@ -169,7 +169,7 @@ def test_tool_calls_counts_each_rounds_accepted_calls_by_tool(tmp_path, task_set
     and one call to a tool the task does not have (rejected, so not counted)."""
     from collections import Counter
 
-    from benchmarks.bench_real_study import held_out_tool_calls, tool_calls
+    from benchmarks.bench_real_study import held_out_tool_calls, sampled_episodes, tool_calls
     from seal_rl.tools import ToolCall
 
     env, task = BfclEnv(EnvConfig()), task_set.get("multi_turn_base_0")
@@ -179,7 +179,7 @@ def test_tool_calls_counts_each_rounds_accepted_calls_by_tool(tmp_path, task_set
                {"round": 2, **play_steps(env, task, [[], *steps[1:-1], [[ToolCall("no_such_tool", {})], *steps[-1]]]).record()}]  # fmt: skip
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     expected = [dict(Counter(c.name for turn in truth for c in turn)), dict(Counter(c.name for turn in truth[1:] for c in turn))]
-    assert tool_calls(tmp_path, task_set) == expected
+    assert tool_calls(sampled_episodes(tmp_path), task_set) == expected
     (tmp_path / "validation").mkdir()
     for r, record in enumerate(records, start=1):  # the held-out episodes: one file per validated round
         (tmp_path / "validation" / f"round_{r}.jsonl").write_text(json.dumps(record) + "\n")
