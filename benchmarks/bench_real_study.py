@@ -20,10 +20,17 @@ seed) pairs (exact McNemar, bootstrap interval of the difference), as ``seal com
 
 Every step is a ``seal train`` / ``seal eval`` run in its own directory under ``--out``: a killed study
 resumes where it stopped when the same command is run again (finished runs are kept; a run killed
-mid-training resumes from its newest checkpoint).
+mid-training resumes from its newest checkpoint). A run is tested as soon as it is trained, and then
+its **record** (what the tables need of it: its curves, per-round counts and test episodes' outcomes,
+a few kB, :func:`run_record`) is written to ``--records`` (default ``benchmarks/results/STUDY/``, in
+the repository): a study spread over machines that keep nothing but the repository's commits goes on
+from its committed records, and a run with a record is neither trained nor tested again. Each record
+names the warm start's weights (sha256) so that runs from different starts are not pooled silently.
+``--max-runs N`` starts at most N training runs (new or resumed) and stops: a session's share.
 
 Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml] [--out runs/real-study]
-       [--recipe NAME] [--set KEY=VALUE ...] [--jobs N] [--skip-test] [--smoke | --pilot | --report]
+       [--records DIR] [--max-runs N] [--recipe NAME] [--set KEY=VALUE ...] [--jobs N] [--skip-test]
+       [--smoke | --pilot | --report]
 (``make bench-real-study``; the models must be pulled: ``make models``). Prints the table and writes
 ``OUT/summary.json``, ``OUT/table.md``, ``OUT/curves.png`` and ``OUT/report.html``.
 
@@ -31,9 +38,9 @@ Usage: python benchmarks/bench_real_study.py [--study benchmarks/real_study.yaml
 evaluation, a one-epoch warm start (``SMOKE["set"]``); exits 1 unless some of its rollouts carry a
 non-zero advantage.
 
-``--report``: the tables and curves of the runs so far, each at the round it has reached, in
-``OUT/interim/``; trains and evaluates nothing, so a study that is still running (or stopped for the
-day) can be read. Test results appear for the evaluations that have finished.
+``--report``: the tables and curves of the runs so far (records and local runs), each at the round it
+has reached, in ``OUT/interim/``; trains and evaluates nothing, so a study that is still running (or
+stopped for the day) can be read. Test results appear for the evaluations that have finished.
 
 ``--pilot``: before a study is spent — every arm, its first seed, one round, no validation, no test;
 prints each arm's share of groups with non-zero advantages (on the reward it trains with) and of
@@ -47,6 +54,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import hashlib
 import html
 import json
 import os
@@ -73,6 +81,7 @@ from seal_rl.verify import turn_local_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "benchmarks" / "real_study.yaml"
+RECORDS = ROOT / "benchmarks" / "results"
 BASELINE = "vanilla-grpo"
 SMOKE = {"arm": "seal-full", "seeds": [0], "rounds": 2, "held_out": 1,
          # one epoch of the warm start's 6 samples, not two (its loss is 0.13 there; 339 s instead of
@@ -180,8 +189,16 @@ def engine_python(engine: str) -> str:
 
 
 def test_records(out: Path) -> list[dict]:
+    """A finished ``seal eval`` run's episodes, each as :func:`test_outcome`."""
     path = out / "results.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+    return [test_outcome(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+
+
+def test_outcome(record: dict) -> dict:
+    """What the study keeps of a test episode: what the paired comparison reads (task, category,
+    reward, error) and its turn counts (:func:`~seal_rl.evaluate.episode_counts`), not its transcript."""
+    kept = {key: record[key] for key in ("task_id", "category", "reward", "error") if record.get(key) is not None}
+    return {**kept, "counts": episode_counts(record) if "diagnosis" in record else None}
 
 
 # -- what a run measured -------------------------------------------------------------------------
@@ -277,8 +294,8 @@ def rate(records: list[dict]) -> list[float]:
 
 
 def test_summary(records: list[dict]) -> dict:
-    """Success with its interval and the turn measures of ``seal eval`` records (they carry Ψ's diagnosis)."""
-    return {"success": rate(records), **turn_measures(episode_counts(r) for r in records)}
+    """Success with its interval and the turn measures of :func:`test_outcome` records."""
+    return {"success": rate(records), **turn_measures(r["counts"] for r in records if r["counts"])}
 
 
 def versus(baseline: list[dict], records: list[dict]) -> dict:
@@ -293,6 +310,63 @@ def held_out_records(curves: dict, seed: int, task_set: TaskSet) -> list[dict]:
     return [{"task_id": t, "category": task_set.get(t).category, "reward": r, "sample": seed} for t, r in final.items()]
 
 
+# -- records: what of a run outlives its machine -------------------------------------------------
+
+
+def weights_sha256(model: Path) -> str | None:
+    """sha256 of a model directory's weights (its ``*.safetensors``, in name order); None for a model
+    given by name (the base model: the same for every run by construction)."""
+    files = sorted(model.glob("*.safetensors")) if model.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as stream:
+            while chunk := stream.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def seed_entry(run: Path, seed: int, task_set: TaskSet) -> dict:
+    """One run's row material: its curves (:func:`run_curves`) and the per-round counts of its episodes."""
+    curves, episodes = run_curves(run), sampled_episodes(run)
+    return {"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(episodes),
+            "turns": turn_breakdown(episodes, task_set), "tools": tool_calls(episodes, task_set),
+            "held_out_tools": held_out_tool_calls(run, curves["held_out_rounds"], task_set)}  # fmt: skip
+
+
+def run_record(run: Path, arm: str, seed: int, rounds: int, start: dict, task_set: TaskSet, test: list[dict] | None,
+               costs: dict) -> dict:  # fmt: skip
+    """Everything the study's tables take from one finished run (:func:`summarize_study`): its seed entry
+    (curves, per-round turn and tool counts), its test episodes' outcomes, what it cost, and the warm
+    start and code it came from. The run's directory (weights, trajectories) stays on its machine."""
+    return {"arm": arm, "seed": seed, "rounds": rounds, "start": start, "commit": git_commit(),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "entry": seed_entry(run, seed, task_set),
+            "test": test, "costs": costs}  # fmt: skip
+
+
+def read_record(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"{path}: not a study record ({exc}); delete it to train and test that run again.") from None
+
+
+def write_record(path: Path, record: dict) -> None:
+    """Atomically: a kill while writing leaves the old record or none, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(record, indent=1, ensure_ascii=True) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
 # -- the study -----------------------------------------------------------------------------------
 
 
@@ -300,6 +374,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--study", type=Path, default=STUDY, help="the design file (arms, seeds, tasks, rounds)")
     parser.add_argument("--out", type=Path, help="default: runs/real-study (runs/real-study-smoke with --smoke)")
+    parser.add_argument("--records", type=Path,
+                        help="where each finished run's record is kept and read (default: benchmarks/results/STUDY; "
+                             "commit it: the study goes on from it on another machine); --smoke and --pilot keep none")
+    parser.add_argument("--max-runs", type=int, metavar="N",
+                        help="start at most N training runs (new or resumed), then test, record and report what is finished")
     parser.add_argument("--recipe", help="train with this recipe instead of the study file's (e.g. paper-qwen2.5-7b on a GPU)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="a recipe override for every run")
     parser.add_argument("--jobs", type=int, default=1, help="training runs at once, each with its share of the CPU cores")
@@ -312,6 +391,8 @@ def main() -> int:
     args = parser.parse_args()
     if sum((args.smoke, args.pilot, args.report)) > 1:
         parser.error("--smoke, --pilot and --report are different jobs: give one")
+    if args.max_runs is not None and args.max_runs < 0:
+        parser.error("--max-runs: give 0 or more (0: train nothing, test and record the finished runs)")
     args.skip_test = args.skip_test or args.report
     if args.smoke:
         args.overrides = SMOKE["set"] + args.overrides  # yours win
@@ -320,6 +401,7 @@ def main() -> int:
     recipe_name = args.recipe or study["recipe"]
     default = "real-study" if args.study.resolve() == STUDY.resolve() else args.study.stem.replace("_", "-")
     out = (args.out or ROOT / "runs" / (default + ("-smoke" if args.smoke else "-pilot" if args.pilot else ""))).resolve()
+    records = None if args.smoke or args.pilot else (args.records or RECORDS / default).resolve()
     task_set = TaskSet.load()
     overrides = run_overrides(study, recipe_name, args.overrides)
     tests = test_tasks(study["test"])
@@ -338,6 +420,30 @@ def main() -> int:
             (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
         return result
 
+    def recorded(arm: str, seed: int | None) -> dict | None:
+        """The committed record of a run (or of the warm start's test), if the study has one."""
+        if records is None:
+            return None
+        path = records / ("warm_start.json" if seed is None else f"{arm}-seed{seed}.json")
+        record = read_record(path)
+        if record and seed is not None and record["rounds"] != study["rounds"]:
+            raise SystemExit(f"{path}: a run of {record['rounds']} rounds, but {args.study} asks for {study['rounds']}: "
+                             "move the records of the other design away (or give --records DIR).")  # fmt: skip
+        return record
+
+    def keep(arm: str, seed: int | None, test: list[dict] | None) -> None:
+        """Write the record of a finished run (``seed`` None: the warm start's test)."""
+        if records is None:
+            return
+        name = arm if seed is None else f"{arm}-seed{seed}"
+        spent = {key: costs[key] for key in (f"{arm}/seed{seed}/train", f"{name}/test") if key in costs}
+        if seed is None:
+            record = {"arm": arm, "start": start, "commit": git_commit(), "test": test, "costs": spent}
+        else:
+            record = run_record(out / arm / f"seed{seed}", arm, seed, study["rounds"], start, task_set, test, spent)
+        write_record(records / ("warm_start.json" if seed is None else f"{name}.json"), record)
+        console.print(f"{name}: recorded in {records} (commit it: the study goes on from it on another machine)")
+
     # the arms with the most seeds (the main comparison) first, seed by seed, so that a stopped study
     # has whole seeds of them; then the arms with fewer seeds
     most = max(len(spec["seeds"]) for spec in study["arms"].values())
@@ -345,35 +451,47 @@ def main() -> int:
                    key=lambda step: (len(step[1]["seeds"]) < most, step[2], list(study["arms"]).index(step[0])))  # fmt: skip
     test_results: dict[tuple[str, int | None], list[dict]] = {}
     if args.report:  # read what is there; the warm start and training are left to the study's own command
-        steps = [step for step in steps if read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
+        steps = [step for step in steps if recorded(step[0], step[2]) or read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
         if not steps:
-            raise SystemExit(f"{out}: no run of this study has been validated yet, so there is nothing to report; "
-                             "start the study without --report")  # fmt: skip
+            raise SystemExit(f"{out}: no run of this study has been validated yet (and {records} holds no record), so "
+                             "there is nothing to report; start the study without --report")  # fmt: skip
     else:
         out.mkdir(parents=True, exist_ok=True)
+    def pending(arm: str, seed: int | None) -> bool:
+        """Whether a run (``seed`` None: the warm start's test) still has work here: no record, or a record
+        without the test that this machine can still play (it has the run's weights)."""
+        record = recorded(arm, seed)
+        if seed is None or not record:
+            return not record or record["test"] is None
+        return record["test"] is None and arm in study["test"]["arms"] and (out / arm / f"seed{seed}" / "model" / "config.json").exists()
+
     warm = out / "warm_start"
     base = load_recipe(recipe_name, args.overrides)
-    if base.warm_start.data and not args.report and not (warm / "model" / "config.json").exists():
+    needed = any(pending(arm, seed) for arm, _, seed in steps) or bool(study["test"]["arms"] and pending("warm_start", None))
+    if base.warm_start.data and needed and not args.report and not (warm / "model" / "config.json").exists():
         console.print(f"[bold]warm start[/] -> {warm}")
         timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
     start_model = str(warm / "model") if base.warm_start.data else base.model.path
+    # every run starts from this model: its weights' hash tells a record from another start
+    start = {"model": base.model.path, "warm_start": bool(base.warm_start.data),
+             "sha256": weights_sha256(Path(start_model)) if base.warm_start.data and needed and not args.report else None}  # fmt: skip
 
-    def measure_on_test(arm: str, seed: int | None, model: Path) -> None:
+    def measure_on_test(arm: str, seed: int | None, model: Path) -> list[dict] | None:
         name = arm if seed is None else f"{arm}-seed{seed}"
         finished = test_records(out / "test" / name)
         if len(finished) == len(tests):  # an earlier invocation finished it: no engine to start
-            test_results[arm, seed] = finished
-            return
-        if args.skip_test:
-            return
+            return finished
+        if args.skip_test or not (model / "config.json").exists():
+            return None
         console.print(f"[bold]{name}[/] on the {len(tests)} test tasks")
-        test_results[arm, seed] = timed(f"{name}/test", lambda: test_run(
+        return timed(f"{name}/test", lambda: test_run(
             model, out / "test" / name, tests, recipe_name, args.overrides, study["test"]["max_new_tokens"],
             study["test"].get("engine", "hf")))  # fmt: skip
 
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
 
     failed = threading.Event()  # a failed run stops the study: no queued run starts after it
+    started: list[str] = []  # the training runs this invocation started (--max-runs)
 
     def train_step(k: int, arm: str, spec: dict, seed: int) -> None:
         if failed.is_set():
@@ -386,31 +504,62 @@ def main() -> int:
 
     def _train_step(k: int, arm: str, spec: dict, seed: int) -> None:
         run = out / arm / f"seed{seed}"
-        log = out / arm / f"seed{seed}.log" if args.jobs > 1 else None
-        console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}" + (f" (output: {log})" if log else ""))
-        if log:
-            log.parent.mkdir(parents=True, exist_ok=True)
-        at_start = f"eval.at_start={k == 1}"  # every run starts from the same model: its greedy validation is measured once
-        timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
-            *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"]),
-            *spec.get("set", [])], threads, log))  # fmt: skip
+        tested = arm in study["test"]["arms"]
+        if not pending(arm, seed):
+            return  # recorded: neither trained nor tested again (a test its record lacks needs the run's weights)
+        if not (run / "model" / "config.json").exists():
+            with writing:
+                if args.max_runs is not None and len(started) >= args.max_runs:
+                    return
+                started.append(f"{arm}-seed{seed}")
+            log = out / arm / f"seed{seed}.log" if args.jobs > 1 else None
+            console.print(f"[bold][{k}/{len(steps)}] {arm} seed {seed}[/] -> {run}" + (f" (output: {log})" if log else ""))
+            if log:
+                log.parent.mkdir(parents=True, exist_ok=True)
+            at_start = f"eval.at_start={k == 1}"  # every run starts from the same model: its greedy validation is measured once
+            timed(f"{arm}/seed{seed}/train", lambda: train_run(run, recipe_name, [
+                *overrides, at_start, f"model.path={start_model}", f"grpo.seed={seed}", *arm_overrides(spec["recipe"]),
+                *spec.get("set", [])], threads, log))  # fmt: skip
+        # tested as soon as trained, so that its record is whole before the machine (and its weights) goes
+        keep(arm, seed, measure_on_test(arm, seed, run / "model") if tested else None)
 
+    if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
+        if not pending("warm_start", None):
+            test_results["warm_start", None] = recorded("warm_start", None)["test"]
+        elif (finished := measure_on_test("warm_start", None, Path(start_model))) is not None:
+            test_results["warm_start", None] = finished
+            if not args.report:
+                keep("warm_start", None, finished)
     if not args.report:
         with ThreadPoolExecutor(args.jobs) as pool:  # --jobs N: N runs at once, each with its share of the cores
             for finished in [pool.submit(train_step, k, *step) for k, step in enumerate(steps, 1)]:
                 finished.result()
-    # the test tasks last (the longest prompts): every arm is trained before any test episode is played
-    if study["test"]["arms"] and start_model != "tiny":  # a tiny model is built inside each run
-        measure_on_test("warm_start", None, Path(start_model))
+    kept = {}
     for arm, _spec, seed in steps:
-        if arm in study["test"]["arms"]:
-            measure_on_test(arm, seed, out / arm / f"seed{seed}" / "model")
-
+        record = recorded(arm, seed)
+        if record:
+            kept[arm, seed] = record
+            if record["test"]:
+                test_results[arm, seed] = record["test"]
+            costs.update({key: value for key, value in record["costs"].items() if key not in costs})
+            if start["sha256"] and record["start"]["sha256"] and record["start"]["sha256"] != start["sha256"]:
+                console.print(f"[yellow]{arm} seed {seed}: its record is from another warm start "
+                              f"(sha256 {record['start']['sha256'][:12]}…, this one {start['sha256'][:12]}…)[/]")  # fmt: skip
+        elif arm in study["test"]["arms"] and (finished := measure_on_test(arm, seed, Path("-"))) is not None:
+            test_results[arm, seed] = finished  # a finished test of a local run without a record (--report)
     if args.pilot:
         return pilot_verdict(study, out, console)
-    results = summarize_study(study, steps, out, task_set, test_results)
+    whole = all((arm, seed) in kept or (out / arm / f"seed{seed}" / "model" / "config.json").exists() for arm, _, seed in steps)
+    steps = [step for step in steps if (step[0], step[2]) in kept or read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
+    if not steps:
+        console.print(f"no run has been validated yet (--max-runs {args.max_runs}): nothing to report")
+        return 0
+    args.report = args.report or not whole  # runs left to train: the tables so far, as --report writes them
+    results = summarize_study(study, steps, out, task_set, test_results, kept)
     results.update(seconds=round(time.perf_counter() - began, 1), costs=costs, tests=tests, recipe=recipe_name,
-                   overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"], interim=args.report)  # fmt: skip
+                   overrides=args.overrides, rounds=study["rounds"], held_out=study["held_out"], interim=args.report,
+                   records=str(records) if records else None,
+                   starts=sorted({r["start"]["sha256"] for r in kept.values() if r["start"]["sha256"]}))  # fmt: skip
     written = out / "interim" if args.report else out
     written.mkdir(exist_ok=True)
     (written / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -459,15 +608,14 @@ def pilot_verdict(study: dict, out: Path, console: Console) -> int:
     return 0
 
 
-def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict) -> dict:
+def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict, kept: dict) -> dict:
+    """Per arm, its seeds' entries (from their records in ``kept``, else from their run directories),
+    pooled outcomes and comparisons with the baseline."""
     arms: dict[str, dict] = {}
     for arm, _spec, seed in steps:
-        run = out / arm / f"seed{seed}"
-        curves, episodes = run_curves(run), sampled_episodes(run)
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
-        entry["seeds"].append({"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(episodes),
-                               "turns": turn_breakdown(episodes, task_set), "tools": tool_calls(episodes, task_set),
-                               "held_out_tools": held_out_tool_calls(run, curves["held_out_rounds"], task_set)})  # fmt: skip
+        curves = kept[arm, seed]["entry"] if (arm, seed) in kept else seed_entry(out / arm / f"seed{seed}", seed, task_set)
+        entry["seeds"].append(dict(curves))
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
     for arm, entry in arms.items():

@@ -28,9 +28,10 @@ def _study(path: Path) -> Path:
     return path
 
 
-def _run(study: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _run(study: Path, out: Path, *extra: str, records: Path | None = None) -> subprocess.CompletedProcess:
+    """The harness on ``study``; its records beside ``out`` (never in the repository's benchmarks/results)."""
     command = [sys.executable, str(ROOT / "benchmarks" / "bench_real_study.py"), "--study", str(study), "--out", str(out),
-               "--set", "budgets.max_new_tokens=8", *extra]  # fmt: skip
+               "--records", str(records or out.parent / f"{out.name}-records"), "--set", "budgets.max_new_tokens=8", *extra]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
@@ -70,6 +71,11 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert "By round" in stdout and "Outcomes" in stdout
     assert "| rollout turns passed |" in (out / "table.md").read_text()  # the dense measure, beside the binary one
     assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
+    records = out.parent / "out-records"
+    assert sorted(p.name for p in records.iterdir()) == ["seal-full-seed0.json", "vanilla-grpo-seed0.json"]  # a tiny start: no warm start to test
+    vanilla = json.loads((records / "vanilla-grpo-seed0.json").read_text())
+    assert vanilla["entry"] == summary["arms"]["vanilla-grpo"]["seeds"][0] and len(vanilla["test"]) == 4
+    assert vanilla["start"] == {"model": "tiny", "warm_start": False, "sha256": None} and vanilla["costs"]["vanilla-grpo/seed0/train"] > 0
     page = (out / "report.html").read_text()
     assert page.count("<table>") == 3 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
 
@@ -82,12 +88,46 @@ def test_a_stopped_study_resumes_without_redoing_finished_runs(study, tmp_path):
     import shutil
 
     shutil.rmtree(out / "seal-full" / "seed0" / "model")  # stopped after its last checkpoint, before the model was written
+    (out.parent / "out-records" / "seal-full-seed0.json").unlink()  # (and so before its record)
     done = _run(design, out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "vanilla-grpo" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == finished
     assert (out / "test" / "vanilla-grpo-seed0" / "results.jsonl").stat().st_mtime_ns == tested
     assert (out / "seal-full" / "seed0" / "model" / "config.json").exists()
     assert (out / "seal-full" / "seed0" / "metrics.jsonl").read_text().count('"kind": "rollout"') == rounds_before
+
+
+def test_a_study_goes_on_from_its_records_on_a_machine_that_kept_nothing_else(study, tmp_path):
+    """A new machine holds the repository (the committed records) and no run directory: recorded runs are
+    neither trained nor tested again, ``--max-runs 0`` starts none of the others, and the tables made from
+    the records are the tables made from the runs."""
+    import shutil
+
+    design, out, _ = study
+    records = tmp_path / "records"
+    shutil.copytree(out.parent / "out-records", records)
+    whole = json.loads((out / "summary.json").read_text())
+    (records / "seal-full-seed0.json").rename(tmp_path / "seal-full-seed0.json")  # a run no session has finished
+    part = _run(design, tmp_path / "new", "--max-runs", "0", records=records)
+    assert part.returncode == 0, part.stdout[-3000:] + part.stderr[-3000:]
+    assert not (tmp_path / "new" / "vanilla-grpo").exists() and not (tmp_path / "new" / "seal-full").exists()
+    summary = json.loads((tmp_path / "new" / "interim" / "summary.json").read_text())  # runs left to train: interim
+    assert summary["interim"] is True and list(summary["arms"]) == ["vanilla-grpo"]
+    assert summary["arms"]["vanilla-grpo"]["seeds"] == whole["arms"]["vanilla-grpo"]["seeds"]
+    assert summary["arms"]["vanilla-grpo"]["test_final"] == whole["arms"]["vanilla-grpo"]["test_final"]
+    (tmp_path / "seal-full-seed0.json").rename(records / "seal-full-seed0.json")
+    done = _run(design, tmp_path / "new", records=records)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    again = json.loads((tmp_path / "new" / "summary.json").read_text())
+    assert again["interim"] is False and again["arms"] == whole["arms"]  # comparisons, intervals, round 0 included
+    assert not (tmp_path / "new" / "vanilla-grpo").exists() and not (tmp_path / "new" / "test").exists()
+    (records / "seal-full-seed0.json").write_text('{"arm": "seal-full", "se')  # torn, as a copy cut short leaves it
+    torn = _run(design, tmp_path / "new", records=records)
+    assert torn.returncode != 0 and "not a study record" in torn.stderr and "Traceback" not in torn.stderr
+    other = json.loads((out.parent / "out-records" / "seal-full-seed0.json").read_text())
+    (records / "seal-full-seed0.json").write_text(json.dumps({**other, "rounds": 6}))  # another design's run
+    longer = _run(design, tmp_path / "new", records=records)
+    assert longer.returncode != 0 and "asks for 2" in longer.stderr and "Traceback" not in longer.stderr
 
 
 def test_the_smoke_fails_without_advantages_and_passes_with_them(study, tmp_path):
