@@ -239,3 +239,19 @@ def test_a_failed_run_stops_the_study_with_its_command(tmp_path):
     assert done.returncode != 0 and "`seal train --config smoke-cpu …` exited 2" in done.stderr + done.stdout
     assert "Unknown interface preset" in done.stderr + done.stdout
     assert not (tmp_path / "out" / "vanilla-grpo").exists()  # the queued run never started
+
+
+def test_the_start_fingerprint_is_the_sha256_of_the_weights_in_name_order(tmp_path):
+    """A record names the warm start it came from by its weights: two shards hash as one stream in name
+    order (so a reshuffled or changed shard gives another fingerprint); a model given by name has none."""
+    import hashlib
+
+    from benchmarks.bench_real_study import weights_sha256
+
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"second" * 1000)
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"first" * 1000)
+    (tmp_path / "config.json").write_text("{}")  # not weights: left out
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"first" * 1000 + b"second" * 1000).hexdigest()
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"second" * 999 + b"SECOND")
+    assert weights_sha256(tmp_path) != hashlib.sha256(b"first" * 1000 + b"second" * 1000).hexdigest()
+    assert weights_sha256(tmp_path / "smollm2-135m-instruct") is None and weights_sha256(Path("tiny")) is None
