@@ -711,8 +711,44 @@ def render(results: dict, console: Console) -> str:
             lines.append("| " + " | ".join(row) + " |")
         console.print(table)
         markdown += [f"**{caption}**", "", *lines, ""]
+    caption, columns = "Each run, by round", list(RUN_COLUMNS)
+    table = Table(*columns, title=caption)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in run_rows(results):
+        table.add_row(*row)
+        lines.append("| " + " | ".join(row) + " |")
+    console.print(table)
+    markdown += [f"**{caption}**", "", *lines, ""]
     console.print(title, highlight=False, soft_wrap=True)
     return "\n".join(markdown)
+
+
+RUN_COLUMNS = ("arm", "seed", "round", "rollout turns passed", "groups with a spread", "first scorable turn passed",
+               "later turns passed (turn-locally)", "accepted calls", "held-out success", "held-out turn pass",
+               "held-out most-called tool")  # fmt: skip
+
+
+def run_rows(results: dict) -> list[list[str]]:
+    """One row per run and round: the figures the write-up quotes for each run (sampled episodes of the
+    round, then its greedy held-out validation; "—" where the round has not been measured)."""
+    rows = []
+    for arm, entry in results["arms"].items():
+        for s in entry["seeds"]:
+            validated = {r: k for k, r in enumerate(s["held_out_rounds"])}
+            for r in range(1, len(s["rollout_progress"]) + 1):
+                turns = s["turns"][r - 1] if r <= len(s["turns"]) else None
+                tools = Counter(s["tools"][r - 1]) if r <= len(s["tools"]) else None
+                k = validated.get(r)
+                held = s["held_out_tasks"][k] if k is not None else None
+                top = Counter(s["held_out_tools"][k]) if k is not None and k < len(s["held_out_tools"]) else Counter()
+                rows.append([arm, str(s["seed"]), str(r), f"{s['rollout_progress'][r - 1]:.1%}", f"{s['nonzero_advantage_groups'][r - 1]:.2f}",
+                             f"{turns['first_passed']}/{turns['first_reached']}" if turns else "—",
+                             f"{turns['later_passed']}/{turns['later_reached']} ({turns['later_local']})" if turns else "—",
+                             str(tools.total()) if tools is not None else "—",
+                             f"{sum(v == 1.0 for v in held.values())}/{len(held)}" if held is not None else "—",
+                             f"{s['held_out_turn_pass'][k]:.2f}" if k is not None else "—",
+                             (lambda n, c: f"{n} {c / top.total():.2f}")(*top.most_common(1)[0]) if top else "—"])  # fmt: skip
+    return rows
 
 
 def _turns(seeds: list[dict], passed: str, reached: str) -> str:

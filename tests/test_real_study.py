@@ -70,6 +70,14 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert "seal-full" in summary["arms"] and "test_vs_vanilla" in summary["arms"]["seal-full"]
     assert "By round" in stdout and "Outcomes" in stdout
     assert "| rollout turns passed |" in (out / "table.md").read_text()  # the dense measure, beside the binary one
+    each_run = (out / "table.md").read_text().split("**Each run, by round**")[1].strip().splitlines()[2:]
+    assert len(each_run) == 4  # 2 runs x 2 rounds
+    for line in each_run:
+        arm, seed, r, *cells = [c.strip() for c in line.strip("|").split("|")]
+        entry = summary["arms"][arm]["seeds"][0]
+        k = entry["held_out_rounds"].index(int(r))
+        assert cells[4] == str(sum(entry["tools"][int(r) - 1].values()))  # accepted calls of the round's rollouts
+        assert cells[5] == f"{sum(v == 1.0 for v in entry['held_out_tasks'][k].values())}/2"  # that round's held-out check
     assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
     records = out.parent / "out-records"
     assert sorted(p.name for p in records.iterdir()) == ["seal-full-seed0.json", "vanilla-grpo-seed0.json"]  # a tiny start: no warm start to test
@@ -77,7 +85,7 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert vanilla["entry"] == summary["arms"]["vanilla-grpo"]["seeds"][0] and len(vanilla["test"]) == 4
     assert vanilla["start"] == {"model": "tiny", "warm_start": False, "sha256": None} and vanilla["costs"]["vanilla-grpo/seed0/train"] > 0
     page = (out / "report.html").read_text()
-    assert page.count("<table>") == 3 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
+    assert page.count("<table>") == 4 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
 
 
 def test_a_stopped_study_resumes_without_redoing_finished_runs(study, tmp_path):
