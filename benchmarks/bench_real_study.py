@@ -73,6 +73,7 @@ from rich.table import Table
 
 from seal_rl import jsonl, recipes
 from seal_rl.env import accepted_calls
+from seal_rl.errors import SealError
 from seal_rl.evaluate import episode_counts, turn_measures
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
@@ -160,7 +161,11 @@ def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | 
     that has the recipe's generator (vLLM's rollouts: :func:`engine_python`)."""
     if (run / "model" / "config.json").exists():
         return
-    python = engine_python(load_recipe(recipe_name, overrides).generator)
+    try:
+        generator = load_recipe(recipe_name, overrides).generator
+    except SealError:  # `seal train` says what is wrong with the recipe, with its own exit code
+        generator = "hf"
+    python = engine_python(generator)
     if any(run.glob("checkpoints/checkpoint-*")):
         seal("train", "--resume", str(run), threads=threads, log=log, python=python)
         return
