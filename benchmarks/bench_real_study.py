@@ -431,11 +431,14 @@ def main() -> int:
             (out / "costs.json").write_text(json.dumps(costs, indent=1) + "\n")
         return result
 
+    def record_path(arm: str, seed: int | None) -> Path:
+        return records / ("warm_start.json" if seed is None else f"{arm}-seed{seed}.json")
+
     def recorded(arm: str, seed: int | None) -> dict | None:
         """The committed record of a run (or of the warm start's test), if the study has one."""
         if records is None:
             return None
-        path = records / ("warm_start.json" if seed is None else f"{arm}-seed{seed}.json")
+        path = record_path(arm, seed)
         record = read_record(path)
         if record and seed is not None and record["rounds"] != study["rounds"]:
             raise SystemExit(f"{path}: a run of {record['rounds']} rounds, but {args.study} asks for {study['rounds']}: "
@@ -452,7 +455,7 @@ def main() -> int:
             record = {"arm": arm, "start": start, "commit": git_commit(), "test": test, "costs": spent}
         else:
             record = run_record(out / arm / f"seed{seed}", arm, seed, study["rounds"], start, task_set, test, spent)
-        write_record(records / ("warm_start.json" if seed is None else f"{name}.json"), record)
+        write_record(record_path(arm, seed), record)
         console.print(f"{name}: recorded in {records} (commit it: the study goes on from it on another machine)")
 
     # the arms with the most seeds (the main comparison) first, seed by seed, so that a stopped study
@@ -556,7 +559,7 @@ def main() -> int:
             if start["sha256"] and record["start"]["sha256"] and record["start"]["sha256"] != start["sha256"]:
                 console.print(f"[yellow]{arm} seed {seed}: its record is from another warm start "
                               f"(sha256 {record['start']['sha256'][:12]}…, this one {start['sha256'][:12]}…)[/]")  # fmt: skip
-        elif arm in study["test"]["arms"] and (finished := measure_on_test(arm, seed, Path("-"))) is not None:
+        elif arm in study["test"]["arms"] and (finished := measure_on_test(arm, seed, out / arm / f"seed{seed}" / "model")) is not None:
             test_results[arm, seed] = finished  # a finished test of a local run without a record (--report)
     if args.pilot:
         return pilot_verdict(study, out, console)
