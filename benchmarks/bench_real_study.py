@@ -156,10 +156,20 @@ def seal(*args: str, threads: int | None = None, log: Path | None = None, python
         raise SystemExit(f"`seal {' '.join(args[:3])} …` exited {done.returncode}{where}; run the same command again to resume.")
 
 
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    """Where the study trains ``arm``'s run with ``seed``."""
+    return out / arm / f"seed{seed}"
+
+
+def trained(run: Path) -> bool:
+    """Whether ``seal train`` finished in ``run`` (its final model is written last)."""
+    return (run / "model" / "config.json").exists()
+
+
 def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | None = None, log: Path | None = None) -> None:
     """``seal train`` into ``run`` (resumed from its newest checkpoint if it has one), in the interpreter
     that has the recipe's generator (vLLM's rollouts: :func:`engine_python`)."""
-    if (run / "model" / "config.json").exists():
+    if trained(run):
         return
     try:
         generator = load_recipe(recipe_name, overrides).generator
@@ -454,7 +464,7 @@ def main() -> int:
         if seed is None:
             record = {"arm": arm, "start": start, "commit": git_commit(), "test": test, "costs": spent}
         else:
-            record = run_record(out / arm / f"seed{seed}", arm, seed, study["rounds"], start, task_set, test, spent)
+            record = run_record(run_dir(out, arm, seed), arm, seed, study["rounds"], start, task_set, test, spent)
         write_record(record_path(arm, seed), record)
         console.print(f"{name}: recorded in {records} (commit it: the study goes on from it on another machine)")
 
@@ -465,7 +475,7 @@ def main() -> int:
                    key=lambda step: (len(step[1]["seeds"]) < most, step[2], list(study["arms"]).index(step[0])))  # fmt: skip
     test_results: dict[tuple[str, int | None], list[dict]] = {}
     if args.report:  # read what is there; the warm start and training are left to the study's own command
-        steps = [step for step in steps if recorded(step[0], step[2]) or read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
+        steps = [step for step in steps if recorded(step[0], step[2]) or read_metrics(run_dir(out, step[0], step[2]), "validation")]
         if not steps:
             raise SystemExit(f"{out}: no run of this study has been validated yet (and {records} holds no record), so "
                              "there is nothing to report; start the study without --report")  # fmt: skip
@@ -477,12 +487,12 @@ def main() -> int:
         record = recorded(arm, seed)
         if seed is None or not record:
             return not record or record["test"] is None
-        return record["test"] is None and arm in study["test"]["arms"] and (out / arm / f"seed{seed}" / "model" / "config.json").exists()
+        return record["test"] is None and arm in study["test"]["arms"] and trained(run_dir(out, arm, seed))
 
     warm = out / "warm_start"
     base = load_recipe(recipe_name, args.overrides)
     needed = any(pending(arm, seed) for arm, _, seed in steps) or bool(study["test"]["arms"] and pending("warm_start", None))
-    if base.warm_start.data and needed and not args.report and not (warm / "model" / "config.json").exists():
+    if base.warm_start.data and needed and not args.report and not trained(warm):
         console.print(f"[bold]warm start[/] -> {warm}")
         timed("warm_start", lambda: sft(load_recipe(recipe_name, args.overrides), warm))
     start_model = str(warm / "model") if base.warm_start.data else base.model.path
@@ -517,11 +527,11 @@ def main() -> int:
             raise
 
     def _train_step(k: int, arm: str, spec: dict, seed: int) -> None:
-        run = out / arm / f"seed{seed}"
+        run = run_dir(out, arm, seed)
         tested = arm in study["test"]["arms"]
         if not pending(arm, seed):
             return  # recorded: neither trained nor tested again (a test its record lacks needs the run's weights)
-        if not (run / "model" / "config.json").exists():
+        if not trained(run):
             with writing:
                 if args.max_runs is not None and len(started) >= args.max_runs:
                     return
@@ -559,12 +569,12 @@ def main() -> int:
             if start["sha256"] and record["start"]["sha256"] and record["start"]["sha256"] != start["sha256"]:
                 console.print(f"[yellow]{arm} seed {seed}: its record is from another warm start "
                               f"(sha256 {record['start']['sha256'][:12]}…, this one {start['sha256'][:12]}…)[/]")  # fmt: skip
-        elif arm in study["test"]["arms"] and (finished := measure_on_test(arm, seed, out / arm / f"seed{seed}" / "model")) is not None:
+        elif arm in study["test"]["arms"] and (finished := measure_on_test(arm, seed, run_dir(out, arm, seed) / "model")) is not None:
             test_results[arm, seed] = finished  # a finished test of a local run without a record (--report)
     if args.pilot:
         return pilot_verdict(study, out, console)
-    whole = all((arm, seed) in kept or (out / arm / f"seed{seed}" / "model" / "config.json").exists() for arm, _, seed in steps)
-    steps = [step for step in steps if (step[0], step[2]) in kept or read_metrics(out / step[0] / f"seed{step[2]}", "validation")]
+    whole = all((arm, seed) in kept or trained(run_dir(out, arm, seed)) for arm, _, seed in steps)
+    steps = [step for step in steps if (step[0], step[2]) in kept or read_metrics(run_dir(out, step[0], step[2]), "validation")]
     if not steps:
         console.print(f"no run has been validated yet (--max-runs {args.max_runs}): nothing to report")
         return 0
@@ -584,7 +594,7 @@ def main() -> int:
         write_html(table_md, written / "curves.png", written / "report.html")
     console.print(f"{written}/summary.json, table.md" + ("" if args.smoke else ", curves.png, report.html"))
     if args.smoke:
-        run = out / SMOKE["arm"] / f"seed{SMOKE['seeds'][0]}"
+        run = run_dir(out, SMOKE["arm"], SMOKE["seeds"][0])
         moving = nonzero_advantages(sampled_episodes(run))
         console.print(f"smoke: {moving} rollouts of {run} carry a non-zero advantage")
         if not moving:
@@ -599,7 +609,7 @@ def pilot_verdict(study: dict, out: Path, console: Console) -> int:
                   "turn anchors varied", title="Pilot: one round of each arm")  # fmt: skip
     rows, weak = {}, []
     for arm, spec in study["arms"].items():
-        (line,) = read_metrics(out / arm / f"seed{spec['seeds'][0]}", "rollout")[:1] or [{}]
+        (line,) = read_metrics(run_dir(out, arm, spec["seeds"][0]), "rollout")[:1] or [{}]
         signal = 1.0 - line.get("rollout/groups_zero_variance", 1.0)
         rows[arm] = {"reward": line.get("rollout/reward"), "credit": line.get("rollout/credit"),
                      "success": line.get("rollout/reward_mean"), "progress": line.get("rollout/progress_mean"),
@@ -628,7 +638,7 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
     arms: dict[str, dict] = {}
     for arm, _spec, seed in steps:
         entry = arms.setdefault(arm, {"seeds": [], "held_out": [], "test": []})
-        curves = kept[arm, seed]["entry"] if (arm, seed) in kept else seed_entry(out / arm / f"seed{seed}", seed, task_set)
+        curves = kept[arm, seed]["entry"] if (arm, seed) in kept else seed_entry(run_dir(out, arm, seed), seed, task_set)
         entry["seeds"].append(dict(curves))
         entry["held_out"] += held_out_records(curves, seed, task_set)
         entry["test"] += [{**r, "sample": seed} for r in test_results.get((arm, seed), [])]
