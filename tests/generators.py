@@ -134,3 +134,17 @@ class TurnLadder(OracleMix):
 
 def turn_ladder(trainer):
     return TurnLadder()
+
+
+class Silence(OracleMix):
+    """Every episode answers every turn in text: every group's rewards are equal (nothing to learn)."""
+
+    def generate(self, requests, seed):
+        for request in requests:
+            self.agents.setdefault((request.task.id, request.episode), ScriptedAgent(["I will not call anything."] * request.task.num_turns))
+        return super().generate(requests, seed)
+
+
+def signal_then_silence(trainer):
+    """Round 1 plays :class:`OracleMix` (rewards 1 and 0 in every group), later rounds :class:`Silence`."""
+    return OracleMix() if trainer.state.global_step == 0 else Silence()

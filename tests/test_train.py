@@ -141,6 +141,8 @@ def test_gpu_recipes_set_trl_defaults_that_differ_from_the_paper_on_purpose(conf
         (["grpo.use_vllm=true", "grpo.vllm_mode=server"], "server mode gathers every rank"),
         (["grpo.use_vllm=true", "grpo.extra.vllm_enable_sleep_mode=true"], "sleep_mode is not supported"),
         (["layout=turns"], "layout must be one of episode, turn"),
+        (["silent_updates=never"], "silent_updates must be one of step, skip, got 'never'"),
+        (["silent_updates=skip"], r"silent_updates: skip needs grpo.beta: 0 \(got 0.001\): the KL term"),
         (["layout=turn", "turn_samples=3"], "must be at least 1 and divide grpo.per_device_train_batch_size"),
         (["eval.protocol=official"], r"eval.protocol must be one of \['bfcl', 'seal'\]"),
         (["env.call_format=json", "env.prompt_mode=chat_template", "eval.protocol=bfcl"],
@@ -257,6 +259,62 @@ def test_the_progress_reward_gives_advantages_where_the_binary_reward_gives_none
         assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
         assert min(r["advantage_before"] for r in group) < 0 < max(r["advantage_before"] for r in group)
     assert sorted(reached) == pytest.approx(sorted(r["advantage_after"] for r in rows), abs=1e-6)  # what the loss saw
+
+
+def test_a_round_with_nothing_to_learn_moves_the_weights_under_step_and_leaves_them_under_skip(tiny_path, tmp_path, capsys):
+    """Round 1 has signal (the oracle mix: rewards 1 and 0 in every group), round 2 none (every episode
+    answers in text: reward 0 everywhere). ``grpo.beta`` 0, so round 2's gradient is exactly 0. Under
+    ``silent_updates: step`` (TRL's) AdamW's momentum still moves the weights in round 2; under
+    ``skip`` round 1 trains bit for bit as under ``step``, and round 2 leaves the weights and Adam's
+    moments as they were."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for mode in ("step", "skip"):
+        out = tmp_path / mode
+        train(_recipe(tiny_path, **{"grpo.beta": 0.0, "silent_updates": mode, "generator": "tests.generators:signal_then_silence"}), out)
+        checkpoints = [out / "checkpoints" / f"checkpoint-{n}" for n in (1, 2)]
+        runs[mode] = {"weights": [load_file(c / "model.safetensors") for c in checkpoints],
+                      "adam": [torch.load(c / "optimizer.pt", weights_only=True)["state"] for c in checkpoints],
+                      "metrics": _jsonl(out / "metrics.jsonl"), "said": "".join(capsys.readouterr())}  # fmt: skip
+    step, skip = runs["step"], runs["skip"]
+    for run in (step, skip):
+        rollout = [m for m in run["metrics"] if m["kind"] == "rollout"]
+        assert [m["rollout/groups_zero_variance"] for m in rollout] == [0.0, 1.0]  # signal, then none
+
+    def same(a, b):
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    assert same(step["weights"][0], skip["weights"][0])  # the round with signal trains alike
+    assert not same(step["weights"][0], step["weights"][1])  # step: momentum moves a zero-gradient round
+    assert [m["grad_norm"] for m in step["metrics"] if m["kind"] == "trainer" and "grad_norm" in m][-1] == 0.0
+    assert same(skip["weights"][0], skip["weights"][1])  # skip: nothing moves
+    first, second = skip["adam"]
+    assert all(torch.equal(first[i][n], second[i][n]) for i in first for n in ("exp_avg", "exp_avg_sq"))
+    assert [m["update/skipped"] for m in skip["metrics"] if m["kind"] == "update"] == [False, True]
+    assert [m["update/skipped"] for m in step["metrics"] if m["kind"] == "update"] == [False, False]
+    assert "round 2 update: skipped, nothing to learn" in skip["said"] and "skipped" not in step["said"]
+    assert "silent_updates skip: a round with nothing to learn" in skip["said"]
+
+
+def test_skip_refuses_a_loss_term_with_a_gradient_of_its_own(tiny_path, tmp_path):
+    with pytest.raises(SealError, match=r"cannot skip .* an entropy bonus is on \(entropy_coef\) has a gradient in every round"):
+        train(_recipe(tiny_path, **{"grpo.beta": 0.0, "silent_updates": "skip", "grpo.extra.entropy_coef": 0.01}), tmp_path / "e")
+    assert not (tmp_path / "e" / "trajectories.jsonl").exists()  # refused before round 1
+
+
+def test_nothing_to_learn_reads_the_training_reward_and_under_turn_credit_the_turn_outcomes():
+    from seal_rl.train.loop import nothing_to_learn
+
+    def row(group, reward, progress, outcomes):
+        return {"group": group, "reward": reward, "progress": progress, "turn_outcomes": outcomes}
+
+    equal = [row("1:a", 0.0, 0.5, [1.0, 0.0]), row("1:a", 0.0, 0.5, [0.0, 1.0]), row("1:b", 1.0, 1.0, [1.0]), row("1:b", 1.0, 1.0, [1.0])]
+    assert nothing_to_learn(equal, "binary") and nothing_to_learn(equal, "progress")
+    assert not nothing_to_learn(equal, "binary", "turn")  # group a's turn outcomes differ at both turns
+    assert nothing_to_learn(equal, "binary", "turn", credit_weight=0.0)
+    spread = [*equal, row("1:c", 0.0, 0.0, [0.0]), row("1:c", 0.0, 0.5, [1.0])]
+    assert nothing_to_learn(spread, "binary") and not nothing_to_learn(spread, "progress")
 
 
 def test_resume_continues_exactly(uninterrupted, tiny_path, tmp_path):
@@ -390,6 +448,25 @@ def test_two_processes_split_groups_and_agree(tiny_path, tmp_path):
         assert [r["advantage_before"] for r in group] == pytest.approx(expected.tolist(), abs=1e-4)
     state = json.loads((out / "checkpoints" / "checkpoint-1" / "seal_state.json").read_text())
     assert sum(r["episodes"] for r in state["profile"]["rounds"]) == 4  # the profile saw every rank
+
+
+def test_two_processes_skip_a_round_with_nothing_to_learn_together(tiny_path, tmp_path):
+    """``silent_updates: skip`` under DDP: every rank decides from the gathered rows, so all skip round 2
+    together (no rank left waiting in a gradient all-reduce) and its weights stay as round 1 left them."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "ddp-skip"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _free_port(),
+               "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"), "--out", str(out),
+               "--set", *_overrides(tiny_path, **{"grpo.per_device_train_batch_size": 1, "grpo.beta": 0.0, "silent_updates": "skip",
+                                                  "generator": "tests.generators:signal_then_silence"})]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "round 2 update: skipped, nothing to learn" in result.stdout + result.stderr
+    first, second, start = (load_file(p / "model.safetensors") for p in
+                            (out / "checkpoints" / "checkpoint-1", out / "checkpoints" / "checkpoint-2", tiny_path))  # fmt: skip
+    assert all(torch.equal(first[k], second[k]) for k in first) and not all(torch.equal(first[k], start[k]) for k in first)
 
 
 def _assert_packed(out):

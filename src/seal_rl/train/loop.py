@@ -128,6 +128,8 @@ class SealLoop:
         self._round_rollouts: list[dict[str, Any]] = []
         self._round_driver: dict[str, Any] = {}
         self._round_started = time.perf_counter()
+        self.nothing_to_learn = False
+        """the running round gives no advantage (:func:`nothing_to_learn`); ``silent_updates: skip`` skips its update"""
         self.rounds_played = 0
         """rounds this process has played (``state.round`` counts from the run's start, checkpoints included)"""
         self.validation = list(validation)
@@ -347,9 +349,11 @@ class SealLoop:
         counts = {f"{k}/{n}": self.tokens[f"{k}/{n}"] - self._update_marks.get(f"{k}/{n}", 0) for k in UPDATE_PASSES
                   for n in ("rows", "forwarded")}  # fmt: skip
         self._update_marks = {**{k: self.timing[k] for k in UPDATE_PASSES}, **{k: self.tokens[k] for k in counts}}
+        skipped = self.nothing_to_learn and self.recipe.silent_updates == "skip"
         if self.is_main:
-            CONSOLE.print(update_summary(self.state.round, spent, self.recipe, counts), highlight=False, soft_wrap=True)
-            line = {"round": self.state.round, "kind": "update", **{f"{k}/seconds": round(v, 3) for k, v in spent.items()},
+            CONSOLE.print(update_summary(self.state.round, spent, self.recipe, counts, skipped=skipped), highlight=False, soft_wrap=True)
+            line = {"round": self.state.round, "kind": "update", "update/skipped": skipped,
+                    **{f"{k}/seconds": round(v, 3) for k, v in spent.items()},
                     **{f"{k}_tokens": v for k, v in counts.items()}}  # fmt: skip
             with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
                 jsonl.append(handle, line)
@@ -379,6 +383,7 @@ class SealLoop:
                 "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
             })  # fmt: skip
         rows = _gather(trainer, rows)
+        self.nothing_to_learn = nothing_to_learn(rows, self.recipe.reward, self.recipe.credit, self.recipe.credit_weight)
         self._round_started = time.perf_counter()
         if not self.is_main:
             return
@@ -441,13 +446,18 @@ def round_summary(metrics: dict[str, Any], used: InterfaceState, following: Inte
             f"interface {' '.join(changes) or 'unchanged'}")
 
 
-def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe, tokens: dict[str, int] | None = None) -> str:
+def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe, tokens: dict[str, int] | None = None,
+                   skipped: bool = False) -> str:  # fmt: skip
     """The line printed after a round's update: the policy's forward and backward passes, the
     reference model's log-probabilities (only with ``grpo.beta`` > 0) and the old policy's (only when
     TRL needs them: several updates per generation, or vLLM's importance-sampling correction); with
-    ``tokens``, how many tokens each pass forwarded of the tokens its samples hold."""
+    ``tokens``, how many tokens each pass forwarded of the tokens its samples hold. ``skipped``: the
+    round had nothing to learn and ``silent_updates: skip`` ran no update."""
     g = recipe.grpo
     tokens = tokens or {}
+    if skipped:
+        return (f"round {round_index} update: skipped, nothing to learn (no group's rewards differ"
+                f"{', no turn outcomes differ' if recipe.credit == 'turn' and recipe.credit_weight else ''}; silent_updates: skip)")
 
     def part(key: str, name: str, why_not: str) -> str:
         if spent[key] <= 0:
@@ -459,6 +469,23 @@ def update_summary(round_index: int, spent: dict[str, float], recipe: SealRecipe
     return (f"round {round_index} update: {total:.0f} s | " + part("update/policy", "policy forward+backward", "no update") + " | "
             + part("update/reference", "reference model", f"grpo.beta {g.beta}") + " | "
             + part("update/old_logprobs", "old log-probs", "one update per generation"))
+
+
+def nothing_to_learn(rows: list[dict[str, Any]], reward: str = "binary", credit: str = "episode", credit_weight: float = 1.0) -> bool:
+    """True when a round's rows (all ranks', as :meth:`SealLoop.after_advantages` gathers them) give
+    GRPO no advantage: in every group the training reward is the same (TRL's A = (r − mean)/(std + ε)
+    is then 0, and A-Patch's w·A too) and, under ``credit: turn`` with ω > 0, no (task, user turn)
+    anchor's outcomes differ (GiGPO's Ã is 0). The test is on the rewards, not on TRL's advantages: an
+    equal-reward group of a size other than 2 or 4 can leave float noise there (up to ~6e-4 under the
+    progress reward with G = 8)."""
+    groups: dict[str, set[float]] = {}
+    outcomes: dict[str, list[list[float | None]]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], set()).add(row[REWARD_FIELDS[reward]])
+        outcomes.setdefault(row["group"], []).append(row.get("turn_outcomes") or [])
+    if any(len(values) > 1 for values in groups.values()):
+        return False
+    return credit != "turn" or credit_weight == 0 or anchors_with_signal(list(outcomes.values()))[0] == 0
 
 
 def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,

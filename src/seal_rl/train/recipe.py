@@ -216,6 +216,13 @@ class SealRecipe:
     credit_weight: float = 1.0
     """ω, the weight of the turn term under ``credit: turn`` (GiGPO's default 1); 0 gives exactly
     ``credit: episode``'s advantages"""
+    silent_updates: str = "step"
+    """what the update of a round with nothing to learn does (no group whose rewards differ and, under
+    ``credit: turn``, no (task, user turn) anchor whose outcomes differ): ``step`` (TRL's and verl's: the
+    forward and backward passes run, the gradient is 0, and AdamW still moves the weights along the
+    momentum of earlier rounds) or ``skip`` (no forward, backward or weight update; Adam's moments stay
+    as they were). ``skip`` needs ``grpo.beta: 0`` and no entropy bonus or MoE load-balancing loss,
+    whose terms have a gradient of their own. See docs/training.md, "Rounds with nothing to learn"."""
     rollout_scheduler: str = "auto"
     """``continuous`` (each episode asks for its next message as soon as its environment has stepped;
     the engine batches whatever is pending at every decoding step), ``lockstep`` (ticks: every
@@ -239,6 +246,7 @@ class SealRecipe:
 
 
 LAYOUTS = ("episode", "turn")
+SILENT_UPDATES = ("step", "skip")
 
 
 def load_recipe(path: Path | str | None, overrides: Sequence[str] = ()) -> SealRecipe:
@@ -308,6 +316,11 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError(f"credit must be one of {', '.join(CREDITS)}, got {recipe.credit!r}.")
     if not recipe.credit_weight >= 0:
         raise SealError(f"credit_weight (ω) must be >= 0 (0: the episode advantages alone), got {recipe.credit_weight}.")
+    if recipe.silent_updates not in SILENT_UPDATES:
+        raise SealError(f"silent_updates must be one of {', '.join(SILENT_UPDATES)}, got {recipe.silent_updates!r}.")
+    if recipe.silent_updates == "skip" and g.beta != 0:
+        raise SealError(f"silent_updates: skip needs grpo.beta: 0 (got {g.beta}): the KL term has a gradient in every "
+                        "round, so no round has nothing to learn.")  # fmt: skip
     if recipe.layout not in LAYOUTS:
         raise SealError(f"layout must be one of {', '.join(LAYOUTS)}, got {recipe.layout!r}.")
     b = g.per_device_train_batch_size

@@ -32,7 +32,9 @@ from seal_rl.train.run_dir import (
     METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _best_validation, _drop_logs_after, _tensorboard_dir, latest_checkpoint,
     read_metrics, save_model,
 )  # fmt: skip
-from seal_rl.train.trainer import _fsdp_on_cpu, _seal_callback, _validation_callback, make_trainer_class, seal_reward
+from seal_rl.train.trainer import (
+    _fsdp_on_cpu, _seal_callback, _validation_callback, gradient_without_advantages, make_trainer_class, seal_reward,
+)  # fmt: skip
 from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
 
 
@@ -183,6 +185,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
             )  # fmt: skip
         trainer.seal = loop
+        if recipe.silent_updates == "skip" and (reason := gradient_without_advantages(trainer)):
+            raise SealError(f"silent_updates: skip cannot skip a round with nothing to learn here: {reason} has a gradient "
+                            "in every round. Set silent_updates: step, or turn that term off.")  # fmt: skip
         if g.use_vllm:
             vllm_cpu.install_weight_sync(trainer.vllm_generation, loop.timing)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
@@ -261,6 +266,8 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         f"  reward {recipe.reward}; credit {recipe.credit}"
         + (f" (each user turn's tokens also get omega {recipe.credit_weight:g} x the turn's pass/fail advantage within its group)"
            if recipe.credit == "turn" else ""),
+        *(["  silent_updates skip: a round with nothing to learn (no group's rewards differ) runs no update, "
+           "so Adam's momentum does not move the weights"] if recipe.silent_updates == "skip" else []),
         f"  rollouts: generator {recipe.generator}, scheduler {planned_scheduler(recipe)}",
         f"  writing {out}/: metrics.jsonl, trajectories.jsonl, profile/, interface/, checkpoints/, tensorboard/, model/",
     ])  # fmt: skip

@@ -73,6 +73,17 @@ def make_trainer_class():
 
         def training_step(self, model, inputs, num_items_in_batch):
             started, scoring = time.perf_counter(), self._seal_scoring_seconds
+            if self.seal.recipe.silent_updates == "skip":
+                model.train()
+                inputs = _Prepared(self._prepare_inputs(inputs))  # a round is generated here: then the loop knows it
+                if self.seal.nothing_to_learn:
+                    # No forward or backward: the gradients stay None, so AdamW leaves every weight and its
+                    # moments as they are. Every rank decides alike (the loop gathers the rows first).
+                    import torch
+
+                    self._step += 1  # TRL's count of micro-batches, which picks the next buffered one
+                    self.seal.timing["update/policy"] += time.perf_counter() - started - (self._seal_scoring_seconds - scoring)
+                    return torch.zeros((), device=self.accelerator.device)
             self._seal_switched = set()
             with ExitStack() as self._seal_after_backward:
                 output = super().training_step(model, inputs, num_items_in_batch)
@@ -86,6 +97,8 @@ def make_trainer_class():
             samples sharing a prompt travel in the same micro-batch and are forwarded once."""
             from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
+            if isinstance(generation_batch, _Prepared):  # prepared by training_step (silent_updates: skip)
+                return generation_batch.batch
             if not self.model.training or self.seal.recipe.shared_prefix is False:
                 return super()._prepare_inputs(generation_batch)
             generate_every = self.args.steps_per_generation * self.num_iterations
@@ -256,6 +269,26 @@ def turn_credit(trainer: Any, inputs: list[dict[str, Any]], advantages: Any, wid
                                turn_weights=x["seal_turn_weights"], apply_to=apply_to)
         rows.append(row[:width] + [values[i]] * (width - len(row)))
     return torch.tensor(rows, dtype=advantages.dtype, device=advantages.device), local
+
+
+class _Prepared:
+    """A micro-batch ``_prepare_inputs`` has already returned, handed through transformers'
+    ``training_step``, which prepares its inputs once more."""
+
+    def __init__(self, batch: dict[str, Any]) -> None:
+        self.batch = batch
+
+
+def gradient_without_advantages(trainer: Any) -> str | None:
+    """What gives TRL's loss a gradient when every advantage is 0 (None: nothing): the KL term,
+    the entropy bonus, the MoE load-balancing loss. ``silent_updates: skip`` needs None."""
+    if trainer.beta != 0:
+        return f"grpo.beta is {trainer.beta} (the KL term)"
+    if getattr(trainer, "_entropy_bonus_enabled", False):
+        return "an entropy bonus is on (entropy_coef)"
+    if getattr(trainer, "aux_loss_enabled", False):
+        return "the model's MoE load-balancing loss is on (router_aux_loss_coef)"
+    return None
 
 
 def _reordered(value: Any, order: list[int]) -> Any:
