@@ -53,7 +53,8 @@ def make_trainer_class():
         across ranks), each local trajectory's advantage is multiplied by its A-Patch weight. The
         rest changes how, not what: the log-probability passes pack shared prefixes
         (``_get_per_token_logps_and_entropies``; exact up to float order) and generation batches are
-        shuffled by whole groups (``_prepare_inputs``).
+        shuffled by whole groups (``_prepare_inputs``). Under ``silent_updates: skip`` a round with
+        nothing to learn runs no forward, backward or weight update (``training_step``).
         """
 
         seal: SealLoop
