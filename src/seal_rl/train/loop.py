@@ -478,14 +478,20 @@ def nothing_to_learn(rows: list[dict[str, Any]], reward: str = "binary", credit:
     anchor's outcomes differ (GiGPO's Ã is 0). The test is on the rewards, not on TRL's advantages: an
     equal-reward group of a size other than 2 or 4 can leave float noise there (up to ~6e-4 under the
     progress reward with G = 8)."""
+    groups, outcomes = _by_group(rows, reward)
+    if any(len(values) > 1 for values in groups.values()):
+        return False
+    return credit != "turn" or credit_weight == 0 or anchors_with_signal(outcomes)[0] == 0
+
+
+def _by_group(rows: list[dict[str, Any]], reward: str) -> tuple[dict[str, set[float]], list[list[list[float | None]]]]:
+    """Each group's distinct training rewards, and each group's episodes' turn outcomes."""
     groups: dict[str, set[float]] = {}
     outcomes: dict[str, list[list[float | None]]] = {}
     for row in rows:
         groups.setdefault(row["group"], set()).add(row[REWARD_FIELDS[reward]])
         outcomes.setdefault(row["group"], []).append(row.get("turn_outcomes") or [])
-    if any(len(values) > 1 for values in groups.values()):
-        return False
-    return credit != "turn" or credit_weight == 0 or anchors_with_signal(list(outcomes.values()))[0] == 0
+    return groups, list(outcomes.values())
 
 
 def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state: SealState,
@@ -502,12 +508,8 @@ def round_metrics(round_index: int, step: int, rows: list[dict[str, Any]], state
         labels.update(row["labels"])
     total = sum(labels.values()) or 1
     weights = [row["apatch_weight"] for row in rows] or [1.0]
-    groups: dict[str, set[float]] = {}
-    outcomes: dict[str, list[list[float | None]]] = {}
-    for row in rows:
-        groups.setdefault(row["group"], set()).add(row[REWARD_FIELDS[reward]])
-        outcomes.setdefault(row["group"], []).append(row.get("turn_outcomes") or [])
-    varied, anchors = anchors_with_signal(list(outcomes.values()))
+    groups, outcomes = _by_group(rows, reward)
+    varied, anchors = anchors_with_signal(outcomes)
     seconds = {k: round(v, 4) for k, v in timing.items()}
     return {
         "round": round_index,
