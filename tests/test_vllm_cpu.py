@@ -251,6 +251,28 @@ def test_seal_eval_vllm_on_cpu_matches_hf_greedy(tiny64, tmp_path):
     assert runs["vllm"] == runs["hf"]
 
 
+def test_seal_eval_vllm_ends_episodes_at_the_models_context_instead_of_failing(task_set, tmp_path):
+    """vLLM refuses a prompt longer than its ``max_model_len`` (the model's context unless set), and
+    ``seal eval``'s budgets (no prompt cap, 8192 tokens after it) do not stop an episode there: a
+    test in the TradingBot study exited 1 on "This model's maximum context length is 8192 tokens"
+    (docs/real-study.md). With a 1,024-token model, an opening prompt of 1,373 tokens and a
+    six-turn episode that outgrows the window must both end with ``context_window``, and the run
+    must finish."""
+    from seal_rl.tiny import build_tiny_model
+
+    short = build_tiny_model(tmp_path / "short", vocab_size=4096, heads=1, kv_heads=1, max_position_embeddings=1024,
+                             task_set=task_set)  # fmt: skip
+    out = tmp_path / "eval"
+    subprocess.run([sys.executable, "-m", "seal_rl", "eval", "--policy", f"vllm:{short}", "--split", "all", "--tasks",
+                    "multi_turn_base_116,multi_turn_base_198", "--max-new-tokens", "256", "--out", str(out)],
+                   check=True, env={**os.environ, **ENGINE_ENV}, cwd=ROOT)  # fmt: skip
+    results = {r["task_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert results["multi_turn_base_198"]["end_reason"] == "context_window"
+    assert results["multi_turn_base_198"]["model_calls"] == 0
+    assert results["multi_turn_base_116"]["end_reason"] == "context_window"
+    assert results["multi_turn_base_116"]["model_calls"] >= 1
+
+
 def test_two_seal_rounds_under_trls_colocated_vllm_on_cpu(tiny64, tmp_path):
     """`seal train` with TRL's real VLLMGeneration on the CPU build: the engine's sampled
     log-probabilities equal the trainer's (float32 both) in both rounds, so the weights synced

@@ -295,3 +295,41 @@ def test_continuous_rollouts_through_the_engine_equal_lockstep(tiny_model_dir, t
         assert not llm.llm_engine.has_unfinished_requests()
     finally:
         mp.undo()
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "lockstep"])
+def test_episodes_end_at_the_engines_context_window_instead_of_overrunning_it(tiny_model_dir, task_set, scheduler):
+    """vLLM refuses a prompt at or past ``max_model_len`` (the fake raises, as vLLM 0.30 does).
+    ``seal eval``'s budgets (no prompt cap, 8192 tokens after it) can outgrow the engine's window:
+    the driver must end such an episode with ``context_window``, never send the engine a prompt
+    that does not fit, and never ask for a message that runs past the window. An opening prompt
+    longer than the window ends its episode before any call."""
+    from seal_rl.env import BfclEnv
+    from seal_rl.rollout import Budgets, run_episodes
+    from seal_rl.trajectory import ChatTokens
+
+    mp = pytest.MonkeyPatch()
+    fake_vllm.install(mp)
+    try:
+        tasks = [task_set.get("multi_turn_base_105"), task_set.get("multi_turn_base_198")]
+        llm = fake_vllm.LLM(model=str(tiny_model_dir))
+        generator = _colocated(llm, tiny_model_dir)
+        chat = ChatTokens(generator.chat.tokenizer)
+        env = BfclEnv()
+        opening = []
+        for task in tasks:
+            env.reset(task)
+            opening.append(len(chat.start(env.messages).prompt_ids))
+        window = opening[0] + 40
+        assert opening[1] > window  # task 198's first question alone does not fit
+        llm.max_model_len = llm.llm_engine.model_config.max_model_len = window
+        generator = _colocated(llm, tiny_model_dir)
+        budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=8192, max_new_tokens=16)
+        rollouts = run_episodes([(i, t, {}) for i, t in enumerate(tasks)], generator, BfclEnv, chat=chat, budgets=budgets,
+                                seed=3, scheduler=scheduler)  # fmt: skip
+    finally:
+        mp.undo()
+    assert [r.record["end_reason"] for r in rollouts] == ["context_window", "context_window"]
+    assert rollouts[0].record["model_calls"] >= 1 and rollouts[1].record["model_calls"] == 0
+    assert llm.calls and all(c["prompt_tokens"] + c["max_tokens"] <= window for c in llm.calls)
+    assert len(rollouts[0].trajectory.ids) >= window  # it ended because the next prompt filled the window

@@ -19,7 +19,10 @@ live in :mod:`seal_rl.generators`; this module holds only the driver and the typ
 Budgets (SEAL recipe): the opening prompt may use ``max_prompt_tokens`` (8192), everything after
 it ``max_completion_tokens`` (4096), each model call at most ``max_new_tokens``, and optionally its
 reasoning at most ``max_thinking_tokens``. An episode that runs out is truncated (``end_reason``
-says which budget) and its sample cut at the budget.
+says which budget) and its sample cut at the budget. A generator that knows its context window
+(``context_tokens``: a vLLM engine's ``max_model_len``) also bounds each call: a message may not
+run past the window, and an episode whose next prompt fills it ends with ``context_window``
+instead of a request the engine would refuse.
 """
 
 from __future__ import annotations
@@ -95,7 +98,10 @@ SCHEDULERS = ("continuous", "lockstep")
 
 
 class Generator(Protocol):
-    """Answers a batch of requests, in order; ``None`` for an episode means "nothing more to say"."""
+    """Answers a batch of requests, in order; ``None`` for an episode means "nothing more to say".
+
+    A generator may also have ``context_tokens``, the longest sequence (prompt and message) its
+    engine takes; the driver then never asks past it (module docstring)."""
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]: ...
 
@@ -229,6 +235,7 @@ def run_episodes(
         raise SealError(f"concurrency must be at least 1, got {concurrency}.")
     stats = stats if stats is not None else DriverStats()
     stats.scheduler = resolve_scheduler(generator, scheduler)
+    context: int | None = getattr(generator, "context_tokens", None)
     steps_before = getattr(generator, "decode_steps", 0)
     began = time.perf_counter()
     pending = iter(episodes)
@@ -263,19 +270,29 @@ def run_episodes(
                 if len(trajectory.prompt_ids) > budgets.max_prompt_tokens:
                     env.truncate("prompt_budget")
             state = _Active(index, task, env, trajectory, observation, info, extra, time.perf_counter() - started, started=started)
+            if not env.done:
+                next_prompt(state)
             if env.done:
                 finish(state)
             else:
                 active.append(state)
 
+    def next_prompt(state: _Active) -> None:
+        """The prompt of the episode's next message; the episode ends (``context_window``) when it
+        leaves the generator's context no room for a token."""
+        if state.trajectory is None:
+            return
+        state.prompt_ids = chat.inference_prompt(state.env.messages, _prompt_tools(state.env), state.trajectory.ids)
+        if context is not None and len(state.prompt_ids) >= context:
+            state.env.truncate("context_window")
+
     def request(state: _Active) -> Request:
         used = len(state.trajectory.completion_ids) if state.trajectory else 0
-        tools = state.env.tools if state.env.config.prompt_mode == "chat_template" else None
-        state.prompt_ids = chat.inference_prompt(state.env.messages, tools, state.trajectory.ids) if state.trajectory else None
-        return Request(
-            state.index, state.task, state.env.messages, state.observation, state.info, state.prompt_ids,
-            min(budgets.max_new_tokens, budgets.max_completion_tokens - used), tools,
-        )  # fmt: skip
+        budget = min(budgets.max_new_tokens, budgets.max_completion_tokens - used)
+        if context is not None and state.prompt_ids is not None:
+            budget = min(budget, context - len(state.prompt_ids))
+        return Request(state.index, state.task, state.env.messages, state.observation, state.info, state.prompt_ids,
+                       budget, _prompt_tools(state.env))  # fmt: skip
 
     def advance(state: _Active, generation: Generation | None) -> bool:
         """Step ``state`` with its generation; True while the episode goes on."""
@@ -283,6 +300,8 @@ def run_episodes(
             stats.tokens += len(generation.token_ids)
         began = time.perf_counter()
         _advance(state, generation, chat, budgets)
+        if not state.env.done:
+            next_prompt(state)
         state.seconds_env += time.perf_counter() - began
         if state.env.done:
             finish(state)
@@ -392,6 +411,11 @@ def _continuous(generator: ContinuousGenerator, admit, active, request, advance,
                 active[:] = [a for a in active if a is not state]
         add_new()
         stats.environment += time.perf_counter() - started
+
+
+def _prompt_tools(env: BfclEnv) -> list[dict[str, Any]] | None:
+    """The tool specs the prompt carries: in ``chat_template`` mode the template renders them."""
+    return env.tools if env.config.prompt_mode == "chat_template" else None
 
 
 def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | None, budgets: Budgets) -> None:

@@ -49,7 +49,7 @@ from seal_rl.tools import ToolCatalog
 from seal_rl.trajectory import ChatTokens
 
 
-TRUNCATIONS = ("prompt_budget", "completion_budget", "max_model_calls")
+TRUNCATIONS = ("prompt_budget", "completion_budget", "context_window", "max_model_calls")
 
 
 @dataclass

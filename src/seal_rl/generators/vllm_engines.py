@@ -172,6 +172,8 @@ class VLLMGenerator:
         self.decode_steps = 0
         """engine steps that generated tokens (each ``generate`` call counts its longest message)"""
         self._requests = _EngineRequests(engine.llm, self.cpu, _sampled_logprobs)
+        self.context_tokens: int = engine.llm.llm_engine.model_config.max_model_len
+        """the engine's ``max_model_len``: the episode driver asks for nothing past it"""
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         mine = [(list(r.prompt_ids), r.max_new_tokens, derived_seed(seed, r.episode)) for r in requests]
@@ -297,6 +299,9 @@ class VLLMEngineGenerator:
         self.decode_steps = 0
         """engine steps that generated tokens (each ``generate`` call counts its longest message)"""
         self._requests = _EngineRequests(self.engine, self.cpu)
+        self.context_tokens: int = self.engine.llm_engine.model_config.max_model_len
+        """the engine's ``max_model_len`` (the model's context unless set): the episode driver asks
+        for nothing past it, where vLLM would refuse the request"""
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         from vllm import TokensPrompt
