@@ -304,25 +304,25 @@ def test_episodes_end_at_the_engines_context_window_instead_of_overrunning_it(ti
     the driver must end such an episode with ``context_window``, never send the engine a prompt
     that does not fit, and never ask for a message that runs past the window. An opening prompt
     longer than the window ends its episode before any call."""
+    from transformers import AutoTokenizer
+
     from seal_rl.env import BfclEnv
     from seal_rl.rollout import Budgets, run_episodes
     from seal_rl.trajectory import ChatTokens
 
+    tasks = [task_set.get("multi_turn_base_105"), task_set.get("multi_turn_base_198")]
+    chat = ChatTokens(AutoTokenizer.from_pretrained(tiny_model_dir))
+    env = BfclEnv()
+    opening = []
+    for task in tasks:
+        env.reset(task)
+        opening.append(len(chat.start(env.messages).prompt_ids))
+    window = opening[0] + 40
+    assert opening[1] > window  # task 198's first question alone does not fit
     mp = pytest.MonkeyPatch()
     fake_vllm.install(mp)
     try:
-        tasks = [task_set.get("multi_turn_base_105"), task_set.get("multi_turn_base_198")]
-        llm = fake_vllm.LLM(model=str(tiny_model_dir))
-        generator = _colocated(llm, tiny_model_dir)
-        chat = ChatTokens(generator.chat.tokenizer)
-        env = BfclEnv()
-        opening = []
-        for task in tasks:
-            env.reset(task)
-            opening.append(len(chat.start(env.messages).prompt_ids))
-        window = opening[0] + 40
-        assert opening[1] > window  # task 198's first question alone does not fit
-        llm.max_model_len = llm.llm_engine.model_config.max_model_len = window
+        llm = fake_vllm.LLM(model=str(tiny_model_dir), max_model_len=window)
         generator = _colocated(llm, tiny_model_dir)
         budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=8192, max_new_tokens=16)
         rollouts = run_episodes([(i, t, {}) for i, t in enumerate(tasks)], generator, BfclEnv, chat=chat, budgets=budgets,

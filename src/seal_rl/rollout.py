@@ -265,7 +265,7 @@ def run_episodes(
             observation, info = env.reset(task)
             trajectory = None
             if chat is not None:
-                chat.tools = info["tools"] if env.config.prompt_mode == "chat_template" else None
+                chat.tools = _prompt_tools(env)
                 trajectory = chat.start(env.messages)
                 if len(trajectory.prompt_ids) > budgets.max_prompt_tokens:
                     env.truncate("prompt_budget")
