@@ -39,6 +39,7 @@ import argparse
 import json
 import random
 import sys
+import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from seal_rl import jsonl
@@ -90,7 +92,7 @@ def load_interface(path: Path) -> InterfaceState:
 
 
 def play(state: InterfaceState, recipe: SealRecipe, env_config: EnvConfig, tasks: list, samples: int, generator: Any,
-         chat: ChatTokens, seed: int) -> list[dict[str, Any]]:  # fmt: skip
+         chat: ChatTokens, seed: int, on_done=None) -> list[dict[str, Any]]:  # fmt: skip
     """One arm: every task ``samples`` times under ``state``, as ``SealLoop.rollout`` plays a round; diagnosed."""
     catalog = ToolCatalog()
     interface = Interface(env_config.prompt_mode, state, call_format=env_config.call_format, catalog=catalog,
@@ -99,6 +101,7 @@ def play(state: InterfaceState, recipe: SealRecipe, env_config: EnvConfig, tasks
     rollouts = run_episodes(
         episodes, generator, lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat,
         budgets=Budgets(**recipe.budgets), concurrency=recipe.concurrency, seed=seed, scheduler=recipe.rollout_scheduler,
+        on_done=on_done,
     )  # fmt: skip
     for rollout in rollouts:
         add_diagnosis(rollout.record, recipe.diagnosis.priority)
@@ -161,9 +164,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     driver_seed = derived_seed(seed, 1, 0)
     args.out.mkdir(parents=True, exist_ok=True)
     arms, ended = {}, {}
+    console = Console(width=160)
     try:
         for arm, arm_state in zip(ARMS, (InterfaceState(), state), strict=True):
-            records = play(arm_state, recipe, env_config, tasks, samples, generator, chat, driver_seed)
+            began = time.perf_counter()
+            with Progress(TextColumn(f"[bold]{arm}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
+                          TimeElapsedColumn(), console=console, transient=True) as progress:  # fmt: skip
+                bar = progress.add_task(arm, total=len(tasks) * samples)
+                records = play(arm_state, recipe, env_config, tasks, samples, generator, chat, driver_seed,
+                               on_done=lambda rollout: progress.advance(bar))  # fmt: skip
+            console.print(f"{arm}: {len(records)} episodes in {time.perf_counter() - began:.0f} s")
             jsonl.rewrite(args.out / f"{arm}.jsonl", records)
             arms[arm] = {"components": arm_state.active_components, "seed": driver_seed,
                          "played": [[r["index"], r["task_id"], r["sample"]] for r in records], **measures(records)}  # fmt: skip
@@ -194,7 +204,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table.add_row("turns passed", *(f"{x['turns_passed']} / {x['turns']}" for x in (a, b)))
     for z in LABELS:
         table.add_row(f"  {z}", *(share(x["labels"][z]["turns"], x["turns"], x["labels"][z]["ci95"]) for x in (a, b)))
-    console = Console(width=160)
     console.print(table)
     console.print(f"ended on the completion budget, interface - vanilla: {budget.difference:+.1%} over {budget.pairs} paired episodes "
                   f"(only vanilla {budget.only_a}, only interface {budget.only_b}; exact McNemar p = {budget.p_value:.3g})")  # fmt: skip
