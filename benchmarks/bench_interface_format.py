@@ -63,15 +63,13 @@ from seal_rl.interface import Interface, InterfaceState
 from seal_rl.policies import parse_policy
 from seal_rl.reasoning import answer
 from seal_rl.rollout import Budgets, derived_seed, run_episodes
-from seal_rl.stats import paired, wilson
+from seal_rl.stats import PairedComparison, paired, wilson
 from seal_rl.tasks import TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.prepare import select_tasks
 from seal_rl.train.recipe import SealRecipe, load_recipe
 from seal_rl.trajectory import ChatTokens
 
-ARMS = ("vanilla", "interface")
-"""the base interface and the file's; ``--each-component`` adds one arm per component of the file's, alone"""
 LABELS = ("invalid_tool_call", "missing_tool_call", "not_reached")
 
 
@@ -139,6 +137,12 @@ def measures(records: list[dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def paired_json(b: PairedComparison, arm: str) -> dict[str, Any]:
+    """A paired comparison against ``vanilla`` for summary.json, ``arm`` naming the other side."""
+    return {"pairs": b.pairs, "vanilla": b.rate_a, arm: b.rate_b, "difference": b.difference, "only_vanilla": b.only_a,
+            f"only_{arm}": b.only_b, "mcnemar_p": b.p_value}  # fmt: skip
+
+
 def share(count: int, n: int, ci: list[float]) -> str:
     return f"{count} / {n}  {count / n if n else 0:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]"
 
@@ -201,19 +205,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if hasattr(generator, "close"):
             generator.close()
     budgets = {arm: paired(ended["vanilla"], ended[arm]) for arm in states if arm != "vanilla"}  # pairs: the same task and sample
-    budget = budgets["interface"]
     summary = {
         "model": str(policy.path), "interface_file": str(args.interface), "interface": state.to_json(), "recipe": args.recipe,
         "policy_backend": args.policy_backend, "env": asdict(env_config), "temperature": g.temperature, "top_p": g.top_p,
         "seed": seed, "tasks": [t.id for t in tasks], "samples": samples, "arms": arms,
-        "completion_budget_paired": {"pairs": budget.pairs, "vanilla": budget.rate_a, "interface": budget.rate_b,
-                                     "difference": budget.difference, "only_vanilla": budget.only_a,
-                                     "only_interface": budget.only_b, "mcnemar_p": budget.p_value},
+        "completion_budget_paired": paired_json(budgets["interface"], "interface"),
     }  # fmt: skip
     if args.each_component:
-        summary["components_paired"] = {arm: {"pairs": b.pairs, "vanilla": b.rate_a, "component": b.rate_b, "difference": b.difference,
-                                              "only_vanilla": b.only_a, "only_component": b.only_b, "mcnemar_p": b.p_value}
-                                        for arm, b in budgets.items() if arm != "interface"}  # fmt: skip
+        summary["components_paired"] = {arm: paired_json(b, "component") for arm, b in budgets.items() if arm != "interface"}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
     table = Table("", *states, title=f"{Path(policy.path).name}: {len(tasks)} tasks x {samples} samples, T={g.temperature}, "

@@ -106,8 +106,9 @@ class _RangeReader(io.RawIOBase):
 
 def published_metadata(name: str, wanted: str) -> tuple[str, bytes]:
     """The newest version of `name` in `wanted` (a specifier, `==2.11.0`) with a wheel for this
-    interpreter, and that wheel's METADATA file as the package index publishes it: read out of the wheel by range requests (the index serves no PEP 658 metadata
-    file for torch 2.11.0, and pip 23.2 then downloads the whole wheel, which once filled CI's disk)."""
+    interpreter, and that wheel's METADATA file as the package index publishes it: read out of the
+    wheel by range requests (the index serves no PEP 658 metadata file for torch 2.11.0, and pip
+    23.2 then downloads the whole wheel, which once filled CI's disk)."""
     listing = urllib.request.Request(f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(listing, timeout=60) as r:
         files = json.load(r)["files"]
