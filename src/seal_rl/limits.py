@@ -17,6 +17,11 @@ elapsed time is also checked, so a step never starts a call after its limit.
 Signals can be handled only on the main thread of a POSIX process. Elsewhere (another thread,
 Windows) :func:`time_limit` does not interrupt; only the check between calls applies, so a step
 may then overrun its limit by one call (each bounded by the guards, but not by the limit).
+On CPython 3.13 the exception can skip the ``except``/``finally`` blocks of the very frame it is
+raised in when that frame spins in a tight ``while`` (python/cpython#130279); the blocks that catch
+it here (:mod:`seal_rl.env`, :mod:`seal_rl.verify`) are in outer frames, and the stopped step's
+backends are not used again.
+
 An outer ``ITIMER_REAL`` timer (the service's step timeout) is kept: when it would ring first it
 is left alone, otherwise it is re-armed with its remaining time when the block ends.
 """
