@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from benchmarks.bench_interface_format import alone, main
+from benchmarks.bench_interface_format import alone, main, measures
 from seal_rl.errors import SealError
 from seal_rl.interface import GUIDELINES, InterfaceState, format_note
 
@@ -85,3 +85,29 @@ def test_each_component_plays_its_own_arm_with_only_its_note(tiny_model_dir, tmp
         assert [name for name, note in notes.items() if note in system] == ([arm] if arm in notes else [])
     printed = capsys.readouterr().out.rstrip().splitlines()
     assert printed[-1].startswith("ended on the completion budget, interface - vanilla")
+
+
+def _record(end_reason, answers, accepted_steps, labels):
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    messages += [{"role": "assistant", "content": text} for text in answers]
+    trace = [{"step": step, "accepted": accepted} for step, accepted in accepted_steps]
+    return {"end_reason": end_reason, "messages": messages, "trace": trace,
+            "diagnosis": {"labels": [{"turn": i, "label": label} for i, label in enumerate(labels)]}}  # fmt: skip
+
+
+def test_measures_counts_what_hand_built_episodes_did():
+    records = [
+        _record("completion_budget",
+                ['<tool_call>{"name": "a"}</tool_call>', '<tool_call>{"name": "a"}', "<think><tool_call></think>done"],
+                [(0, True), (0, True), (1, False)], ["pass", "invalid_tool_call"]),
+        _record("done", ['<tool_call>x</tool_call><tool_call>y', "ok"], [(0, False)],
+                ["correct_abstention", "not_reached", "not_reached"]),
+    ]  # fmt: skip
+    m = measures(records)
+    assert (m["episodes"], m["completion_budget"], m["messages"], m["accepted_calls"]) == (2, 1, 5, 1)
+    assert m["unclosed_tool_call"] == 2  # a tag opened in the reasoning only does not count
+    assert (m["turns"], m["turns_passed"]) == (5, 2)
+    assert m["labels"]["not_reached"]["turns"] == 2 and m["labels"]["not_reached"]["share"] == pytest.approx(0.4)
+    assert m["labels"]["invalid_tool_call"]["turns"] == 1 and m["labels"]["missing_tool_call"]["turns"] == 0
+    low, high = m["completion_budget_ci95"]
+    assert 0 < low < 0.5 < high < 1
