@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -174,9 +175,10 @@ class ModelSettings:
     """``continuous`` (each episode asks as soon as it has stepped), ``lockstep`` (ticks) or ``auto``
     (continuous where the generator can; :mod:`seal_rl.rollout`)"""
     dtype: str = "auto"
-    """hf: the dtype the weights are loaded in: ``auto`` (the checkpoint's), or one of
-    :data:`HF_DTYPES`. On a CPU ``float32`` decodes a batch of 8 about twice as fast as
-    ``bfloat16`` (``make bench-decode-rows``)"""
+    """hf: and vllm: the dtype the weights are loaded in: ``auto`` (the checkpoint's where the device
+    computes it natively, float32 for a bfloat16 checkpoint on a CPU without AMX-BF16 or AVX512-BF16:
+    :func:`seal_rl.precision.resolve_dtype`; recorded in ``config.json`` as ``precision`` and kept on
+    resume), or one of :data:`HF_DTYPES`, which always wins"""
     seed: int = 0
     timeout: float = 120.0
     """openai: seconds per request before a retry"""
@@ -221,7 +223,7 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
         return OpenAIGenerator(server, env_config.call_format), None, budgets
     if isinstance(policy, VLLMPolicy):
         generator = VLLMEngineGenerator(str(policy.path), temperature=settings.temperature, top_p=settings.top_p,
-                                        seed=settings.seed)  # fmt: skip
+                                        seed=settings.seed, **({} if settings.dtype == "auto" else {"dtype": settings.dtype}))  # fmt: skip
         chat = ChatTokens.for_episodes(generator.tokenizer, env_config.prompt_mode, env_config.call_format)
         return generator, chat.for_inference(), budgets
     if isinstance(policy, ModelPolicy):
@@ -231,12 +233,49 @@ def make_generator(policy: Policy, settings: ModelSettings, env_config: EnvConfi
 
         tokenizer = AutoTokenizer.from_pretrained(policy.path)
         chat = ChatTokens.for_episodes(tokenizer, env_config.prompt_mode, env_config.call_format)  # refuses an unusable template before the weights load
-        model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=settings.dtype)
+        from seal_rl.precision import checkpoint_dtype, resolve_dtype
+
+        dtype, _ = resolve_dtype(settings.dtype, checkpoint_dtype(policy.path))
+        model = AutoModelForCausalLM.from_pretrained(policy.path, dtype=dtype)
         model.eval()
         generator = HFGenerator(model, tokenizer, temperature=settings.temperature, top_p=settings.top_p,
                                 prefix_cache_tokens=settings.prefix_cache_tokens)  # fmt: skip
         return generator, chat.for_inference(), budgets
     raise SealError(f"Policy {policy.name!r} cannot be evaluated.")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtype a model policy's weights load in (:func:`run_precision`)."""
+
+    dtype: str
+    why: str
+    """the line the run prints about it"""
+    record: dict[str, str] | None
+    """``config.json``'s ``precision``: None for a resumed run that began before seal-rl recorded it"""
+
+
+def run_precision(policy: Policy | str, settings: ModelSettings, out: Path, overwrite: bool) -> Precision | None:
+    """The dtype a model policy's weights load in, or None for policies without local weights.
+    ``--dtype auto`` follows :func:`seal_rl.precision.resolve_dtype`, except on resume, which keeps the
+    dtype the run started with (a run that recorded none loaded the checkpoint's dtype)."""
+    if not isinstance(policy, (ModelPolicy, VLLMPolicy)):
+        return None
+    from seal_rl.precision import checkpoint_dtype, resolve_dtype
+
+    checkpoint = checkpoint_dtype(policy.path)
+    if settings.dtype == "auto" and not overwrite and (Path(out) / RESULTS_FILE).exists():
+        try:
+            previous = json.loads((Path(out) / CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            previous = None
+        if isinstance(previous, dict) and isinstance(previous.get("model_settings"), dict):
+            recorded = previous.get("precision")
+            if isinstance(recorded, dict) and recorded.get("dtype") in HF_DTYPES:
+                return Precision(recorded["dtype"], f"--dtype auto: {recorded['dtype']}, as this run started", recorded)
+            return Precision(checkpoint, f"--dtype auto: {checkpoint}, the checkpoint's, as this run started", None)
+    dtype, why = resolve_dtype(settings.dtype, checkpoint)
+    return Precision(dtype, why, {"dtype": dtype, "why": why})
 
 
 def _read_complete_lines(path: Path) -> list[dict[str, Any]]:
@@ -353,6 +392,12 @@ def evaluate(
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
     with run_lock(Path(out)):  # one writer per run directory
+        precision = None if generator is not None else run_precision(policy, settings, Path(out), overwrite)
+        if precision is not None:
+            if precision.record is not None:
+                config["precision"] = precision.record
+            print(precision.why, file=sys.stderr)
+            settings = replace(settings, dtype=precision.dtype)
         done = _resumable(Path(out), config, overwrite)
         if any(r.get("error") for r in done):  # generation errors are played again on resume
             done = [r for r in done if not r.get("error")]

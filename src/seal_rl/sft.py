@@ -281,7 +281,7 @@ def run_sft(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig
 
-    from seal_rl.precision import resolve_bf16
+    from seal_rl.precision import checkpoint_dtype, resolve_bf16, training_dtype
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = Path(out)
@@ -289,10 +289,9 @@ def run_sft(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     bf16, said = resolve_bf16(settings.bf16, name="warm_start.sft.bf16")
     print(said, file=sys.stderr)
-    torch_dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    if bf16 and dtype == "auto" and not torch.cuda.is_available():
-        torch_dtype = torch.float32  # CPU autocast keeps float32 master weights
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype)
+    loaded, said = training_dtype(dtype, checkpoint_dtype(model_path), bf16)
+    print(said, file=sys.stderr)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=getattr(torch, loaded))
     dataset = Dataset.from_list([{"input_ids": s["input_ids"], "assistant_masks": s["assistant_masks"]} for s in samples])
     args = SFTConfig(
         output_dir=str(out / "checkpoints"),

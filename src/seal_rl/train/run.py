@@ -22,6 +22,7 @@ from seal_rl.errors import SealError, SealWarning
 from seal_rl.families import resolve_auto
 from seal_rl.generators import vllm_cpu
 from seal_rl.generators.vllm_engines import trl_engine_dtype
+from seal_rl.precision import checkpoint_dtype, training_dtype
 from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
@@ -36,6 +37,22 @@ from seal_rl.train.trainer import (
     _fsdp_on_cpu, _seal_callback, _validation_callback, gradient_without_advantages, make_trainer_class, seal_reward,
 )  # fmt: skip
 from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
+
+
+PRECISION_FILE = "precision.json"
+"""what ``model.dtype`` and ``grpo.bf16`` resolved to when the run started (:mod:`seal_rl.precision`);
+a resumed run keeps them, on whichever machine it resumes"""
+
+
+def _started_precision(out: Path) -> dict[str, Any] | None:
+    """The precision a run being resumed started with, or None (a run from before it was recorded)."""
+    try:
+        recorded = json.loads((Path(out) / PRECISION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(recorded, dict) and recorded.get("model.dtype") in ("float32", "bfloat16", "float16") \
+        and isinstance(recorded.get("grpo.bf16"), bool)
+    return recorded if ok else None
 
 
 def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
@@ -112,6 +129,9 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         if save_steps % layout["updates_per_round"]:
             raise SealError(f"save_steps ({save_steps}) must be a multiple of the updates per round ({layout['updates_per_round']}).")
         bf16, said = resolve_bf16(g.bf16)
+        precision = _started_precision(out) if resume is not None else None
+        if precision is not None and g.bf16 not in (True, False):  # auto: as the run started, on any machine
+            bf16, said = precision["grpo.bf16"], f"grpo.bf16 auto: {'on' if precision['grpo.bf16'] else 'off'}, as this run started"
         if is_main:
             _say(said)
         args = GRPOConfig(
@@ -157,11 +177,14 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             vllm_cpu.in_process()
             if not torch.cuda.is_available():  # vLLM's CPU build would size its KV cache to most of the memory
                 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        dtype = {"auto": "auto", "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe.model.dtype]
-        if bf16 and dtype == "auto" and not torch.cuda.is_available():
-            dtype = torch.float32  # CPU autocast keeps float32 master weights (a bfloat16 checkpoint would train in pure bf16)
+        dtype, said = training_dtype(recipe.model.dtype, checkpoint_dtype(model_path), bf16)
+        if precision is not None and recipe.model.dtype == "auto":
+            dtype, said = precision["model.dtype"], f"model.dtype auto: {precision['model.dtype']}, as this run started"
+        if is_main:
+            _say(said)
+            (out / PRECISION_FILE).write_text(json.dumps({"model.dtype": dtype, "grpo.bf16": bf16}) + "\n")
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
 
         loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
