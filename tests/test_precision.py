@@ -130,3 +130,12 @@ def test_seal_eval_records_the_chosen_dtype_and_a_resumed_run_keeps_it(monkeypat
     # a new run on that machine loads the checkpoint's bfloat16; an explicit dtype wins on either
     assert _evaluate(monkeypatch, bf16_model_dir, tmp_path / "native", task_set, native=True) == ["bfloat16"]
     assert _evaluate(monkeypatch, bf16_model_dir, tmp_path / "forced", task_set, native=False, dtype="bfloat16") == ["bfloat16"]
+
+
+def test_a_onednn_isa_limit_below_bf16_counts_as_no_native_bf16(monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    native, why = native_bf16(cuda=False)
+    assert not native and "ONEDNN_MAX_CPU_ISA=AVX2" in why
+    assert resolve_dtype("auto", "bfloat16", cuda=False)[0] == "float32"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")  # no limit below bf16: the CPU's own report decides
+    assert native_bf16(cuda=False, capabilities=AMX)[0] and not native_bf16(cuda=False, capabilities=AVX2)[0]

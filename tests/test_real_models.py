@@ -30,8 +30,12 @@ from seal_rl.sft import TranscriptGenerator
 from seal_rl.tools import ToolCatalog
 from seal_rl.train import load_recipe
 from seal_rl.trajectory import ChatTokens
+from tests.conftest import load_for_generation
 
 ROOT = Path(__file__).resolve().parents[1]
+HANG_GUARD_S = 2400
+"""a hang guard, not a speed target: one real training round or real-model episode took at most
+~300 s alone on an AVX2-only CPU (bf16 checkpoint, before the dtype rule; issue 57) and far less now"""
 UNLIMITED = Budgets(10**9, 10**9, 10**9)
 
 
@@ -302,7 +306,7 @@ def test_a_real_model_plays_an_episode_through_seal_eval(qwen_dir, qwen_tokenize
     command = [sys.executable, "-m", "seal_rl", "eval", "--policy", "hf:qwen2.5-coder-0.5b-instruct",
                "--tasks", "multi_turn_base_0", "--max-new-tokens", "64", "--max-steps-per-turn", "2", "--out", str(out)]  # fmt: skip
     began = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=ROOT)
     print(f"\nseal eval, one real-model episode: {time.perf_counter() - began:.0f} s")
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -340,7 +344,7 @@ def _train_round(tmp_path, name: str, **overrides) -> tuple[Path, float]:
                "--out", str(out), "--set", *[f"{k}={v}" for k, v in settings.items()]]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     began = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=ROOT, env=env)
     seconds = time.perf_counter() - began
     assert result.returncode == 0, result.stderr[-4000:]
     assert "trained 1 rounds" in result.stdout
@@ -400,13 +404,13 @@ def test_generation_during_training_sees_the_prompt(smollm2_dir):
     checkpointing on, transformers' generate then drops the KV cache yet feeds only the newest
     token, so SmolLM2 answered "The-----------" instead of "The capital of France is Paris.":
     rollouts ignored their prompts. The generator generates in eval mode and restores the mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from seal_rl.generators import HFGenerator
     from seal_rl.rollout import Request
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    model = load_for_generation(smollm2_dir)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                            add_generation_prompt=True, tokenize=False)  # fmt: skip
     request = Request(0, None, [], [], {}, tokenizer(prompt, add_special_tokens=False)["input_ids"], 12)
@@ -426,14 +430,13 @@ def test_generation_during_training_sees_the_prompt(smollm2_dir):
 def test_continuous_rollouts_give_the_lockstep_messages_on_the_real_models(request, task_set, name, tasks):
     """Greedy episodes under the continuous scheduler equal lockstep ticks on SmolLM2 and
     Qwen2.5-Coder (same tokens, stops and truncations), except at a logit near-tie."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from seal_rl.rollout import DriverStats
     from tests.schedulers import TASKS, differences, play
 
     path = request.getfixturevalue(name)
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    model.eval()
+    model, tokenizer = load_for_generation(path), AutoTokenizer.from_pretrained(path)
     budgets = Budgets(max_prompt_tokens=20000, max_completion_tokens=192, max_new_tokens=32)
     stats = {s: DriverStats() for s in ("lockstep", "continuous")}
     runs = {s: play(model, tokenizer, task_set, s, tasks=TASKS[:tasks], budgets=budgets, stats=stats[s]) for s in stats}

@@ -13,11 +13,17 @@ float32 master weights, which pays only where the CPU has bfloat16 matrix instru
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 BF16_CPU_FEATURES = ("amx_bf16", "avx512_bf16")
 """CPU features whose bfloat16 matrix products make bfloat16 pay (``torch.cpu.get_capabilities()``)"""
+
+ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+"""``ONEDNN_MAX_CPU_ISA`` values that keep torch's oneDNN bfloat16 matrix products from the CPU's
+bfloat16 instructions (oneDNN's ISA names below ``AVX512_CORE_BF16``): with one set, the CPU computes
+bfloat16 as an AVX2-only CPU does, whatever it reports (the suite's "slower kind" is measured so)"""
 
 HALF_DTYPES = ("bfloat16", "float16")
 """checkpoint dtypes that ``auto`` replaces with float32 on a CPU without native bfloat16"""
@@ -32,6 +38,9 @@ def native_bf16(*, cuda: bool | None = None, capabilities: dict[str, Any] | None
     if cuda:
         on = torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
         return on, f"the GPU {'supports' if on else 'lacks'} bfloat16"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if capabilities is None and limit in ONEDNN_ISAS_WITHOUT_BF16:
+        return False, f"ONEDNN_MAX_CPU_ISA={limit} keeps torch from this CPU's bfloat16 instructions"
     if capabilities is None:
         try:
             capabilities = torch.cpu.get_capabilities()
