@@ -47,7 +47,7 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
     prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
     rollout_scheduler: Annotated[str, typer.Option(help="hf:/vllm:: continuous (each episode's next message starts as soon as it has stepped), lockstep (ticks: every episode waits for the slowest message), or auto (continuous where the engine can; docs/evaluation.md).")] = "auto",
-    dtype: Annotated[str, typer.Option(help="hf: the dtype the weights load in: auto (the checkpoint's), float32, bfloat16 or float16. On a CPU float32 decodes about twice as fast as bfloat16 (docs/evaluation.md).")] = "auto",
+    dtype: Annotated[str, typer.Option(help="hf:/vllm: the dtype the weights load in: auto (the checkpoint's where the device computes bfloat16 natively — a GPU, a CPU with AMX-BF16 or AVX512-BF16 — float32 on other CPUs; recorded, kept on resume), float32, bfloat16 or float16 (always wins). docs/evaluation.md.")] = "auto",
     timeout: Annotated[float, typer.Option(help="openai: seconds per request before a retry.")] = 120.0,
     retries: Annotated[int, typer.Option(help="openai: retries before an episode is recorded as a generation error.")] = 4,
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from seal_rl.errors import SealError
 from seal_rl.plan.shapes import ModelShape
+from seal_rl.precision import training_dtype
 from seal_rl.train.recipe import resolve_bf16, samples_per_task
 
 if TYPE_CHECKING:
@@ -58,12 +59,13 @@ def precision(recipe: SealRecipe, shape: ModelShape, device: str = "cuda") -> Pr
 
     On CPU (``device="cpu"``) ``grpo.bf16`` is torch's CPU autocast: weights, gradients and Adam stay
     in the loaded dtype (``model.dtype``; float32 for ``auto``, as ``seal train`` loads it) and only the
-    activations are bfloat16. ``grpo.bf16: auto`` is resolved for the planned device
+    activations are bfloat16. Without it a CPU loads ``auto`` as :func:`seal_rl.precision.training_dtype`
+    says (float32 on a CPU without native bfloat16). ``grpo.bf16: auto`` is resolved for the planned device
     (:func:`~seal_rl.train.recipe.resolve_bf16`: a GPU is assumed to support bfloat16; a CPU is this one).
     """
-    dtype = shape.dtype if recipe.model.dtype == "auto" else recipe.model.dtype
-    weight_bytes = DTYPE_BYTES.get(dtype, 4)
     bf16, _ = resolve_bf16(recipe.grpo.bf16, cuda=device != "cpu")
+    dtype, _ = training_dtype(recipe.model.dtype, shape.dtype, bf16, cuda=device != "cpu")  # as seal train loads it
+    weight_bytes = DTYPE_BYTES.get(dtype, 4)
     if bf16 and device == "cpu":
         if weight_bytes == 4 or recipe.model.dtype == "auto":  # seal train loads an auto checkpoint in float32 here
             return Precision("float32 weights, bf16 autocast: 4+4+8 bytes/param", 4, 4, 8, 2)
