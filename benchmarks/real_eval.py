@@ -79,6 +79,9 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("runs/real-eval"))
     parser.add_argument("--only", default="", help="run only models whose name contains this")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "auto"),
+                        help="seal eval --dtype: bfloat16 (default) is the published baseline's, on any CPU; auto "
+                             "is float32 on a CPU without AMX-BF16 / AVX512-BF16 (faster there, other ties)")
     args = parser.parse_args()
     tasks = fixed_tasks(args.per_category)
     console = Console()
@@ -95,7 +98,7 @@ def main() -> int:
         timing = run / "seconds.json"
         started = time.perf_counter()
         command = [sys.executable, "-m", "seal_rl", "eval", "--policy", f"hf:{model}", "--split", "test", "--tasks", ",".join(tasks),
-                   "--prompt-mode", mode, "--max-new-tokens", str(args.max_new_tokens), "--out", str(run)]  # fmt: skip
+                   "--prompt-mode", mode, "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--out", str(run)]  # fmt: skip
         done = subprocess.run(command)
         if done.returncode not in (0, 1):  # 1: every episode a generation error (reported in the table)
             return done.returncode
