@@ -396,7 +396,6 @@ def evaluate(
         if precision is not None:
             if precision.record is not None:
                 config["precision"] = precision.record
-            print(precision.why, file=sys.stderr)
             settings = replace(settings, dtype=precision.dtype)
         done = _resumable(Path(out), config, overwrite)
         if any(r.get("error") for r in done):  # generation errors are played again on resume
@@ -407,6 +406,8 @@ def evaluate(
         owned = generator is None  # a generator made here is closed here (connections, threads)
         if generator is None:
             generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
+            if precision is not None:  # said once the weights have loaded (a load that fails says only why)
+                print(precision.why, file=sys.stderr)
             resolve_scheduler(generator, settings.rollout_scheduler)  # refuse an impossible choice before any episode
         else:
             budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,

@@ -32,7 +32,10 @@ HALF_DTYPES = ("bfloat16", "float16")
 def native_bf16(*, cuda: bool | None = None, capabilities: dict[str, Any] | None = None) -> tuple[bool, str]:
     """Whether this machine (or the one described: ``cuda``, CPU ``capabilities``) computes bfloat16
     natively, and why, in words: a CUDA GPU that supports it, or a CPU with :data:`BF16_CPU_FEATURES`."""
-    import torch
+    try:
+        import torch
+    except ImportError:  # the torch-free core: nothing computes here (loading a model says what to install)
+        return False, "torch is not installed"
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if cuda:
