@@ -113,6 +113,12 @@ ALL_TOOLS = "*"
 ASK_USER = "if a value you need is not known, ask the user"
 
 
+def qwen_tools_block(lines: Sequence[str]) -> str:
+    """Qwen2.5's hermes ``# Tools`` block around one JSON tool per line (its chat template's text;
+    BFCL's ``QwenFCHandler`` writes the same)."""
+    return _QWEN_TOOLS_HEAD + "".join(f"\n{line}" for line in lines) + _QWEN_TOOLS_TAIL
+
+
 def format_note(call_format: str, *, marked: bool) -> str:
     """φ_schema's call-format note (``seal`` preset). It names the `` [required]`` marker only when
     ``marked`` (some shown doc carries it); otherwise it points at the schemas' required lists."""
@@ -422,8 +428,7 @@ class Interface:
         notes = self._system_notes(docs)
         if self.prompt_mode == "chat_template":
             return [{"role": "system", "content": "\n".join(notes)}] if notes else []
-        lines = "".join(f"\n{json.dumps(self.annotate(doc))}" for doc in docs)
-        block = _QWEN_TOOLS_HEAD + lines + _QWEN_TOOLS_TAIL
+        block = qwen_tools_block([json.dumps(self.annotate(doc)) for doc in docs])
         return [{"role": "system", "content": block + "".join(f"\n\n{note}" for note in notes)}]
 
     def question(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
