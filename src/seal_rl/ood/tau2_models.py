@@ -45,8 +45,10 @@ PROVIDER = "seal-rl"
 """the litellm provider name: τ² players are given ``llm="seal-rl/NAME"``"""
 
 
-class ContextFull(Exception):
-    """The conversation no longer leaves the model room for a token (the player's error)."""
+class PlayerFailure(Exception):
+    """The model's side of the conversation cannot go on (it no longer fits the model's context):
+    the conversation ends as τ²'s ``agent_error`` / ``user_error``. litellm wraps whatever a custom
+    provider raises in its ``APIConnectionError``; this one, in the chain, says it was the player."""
 
 
 class EngineError(Exception):
@@ -94,6 +96,12 @@ def to_seal_messages(messages: Sequence[dict[str, Any]], tools: list[dict[str, A
     return out, None
 
 
+def _encodable(text: str) -> str:
+    """``text`` with lone surrogates (half an emoji, which a server's reply can hold) as ``?``:
+    tokenizers cannot encode them."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _arguments(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
@@ -138,10 +146,11 @@ class Engine:
     def reply(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, seed: int) -> Reply:
         """The next message of a conversation (litellm's messages and tools), parsed."""
         shown, template_tools = to_seal_messages(messages, tools, self.prompt_mode, self.call_format)
-        prompt = self.chat.encode(render_or_explain(self.chat.tokenizer, shown, tools=template_tools, generation_prompt=True))
+        text = render_or_explain(self.chat.tokenizer, shown, tools=template_tools, generation_prompt=True)
+        prompt = self.chat.encode(_encodable(text))
         budget = self.max_new_tokens if self.context is None else min(self.max_new_tokens, self.context - len(prompt))
         if budget < 1:
-            raise ContextFull(f"the conversation ({len(prompt)} tokens) no longer fits the model's context ({self.context} tokens)")
+            raise PlayerFailure(f"the conversation ({len(prompt)} tokens) no longer fits the model's context ({self.context} tokens)")
         request = Request(next(self._ids), None, shown, [], {}, prompt, budget, template_tools)  # type: ignore[arg-type]
         future: Future = Future()
         self._queue.put((request, derived_seed(seed, len(messages)), future))
@@ -153,7 +162,7 @@ class Engine:
             parsed = self.format.parse(self.chat.response(ids, prompt, template_tools))
         else:
             parsed = self.format.parse(generation.text)
-        used = len(ids) if ids is not None else len(self.chat.encode(generation.text))
+        used = len(ids) if ids is not None else len(self.chat.encode(_encodable(generation.text)))
         stopped = ids is not None and bool(ids) and ids[-1] in self.chat.eos_ids
         return Reply(generation.text, parsed, len(prompt), used, "stop" if stopped or ids is None else "length")
 
@@ -209,7 +218,12 @@ def _provider_class() -> type:
             engine = self.engines.get(model.removeprefix(f"{PROVIDER}/"))
             if engine is None:
                 raise SealError(f"No seal-rl engine is serving {model!r}.")
-            reply = engine.reply(messages, optional_params.get("tools"), int(optional_params.get("seed") or 0))
+            try:
+                reply = engine.reply(messages, optional_params.get("tools"), int(optional_params.get("seed") or 0))
+            except EngineError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - marked as the player's, whatever litellm wraps it in
+                raise PlayerFailure(f"{type(exc).__name__}: {exc}") from exc
             calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in reply.parsed.calls]  # fmt: skip
             content = reply.text if reply.parsed.error or not calls else (reply.parsed.text or None)

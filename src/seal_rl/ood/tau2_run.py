@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 import uuid
 from collections import Counter
@@ -39,7 +40,7 @@ from typing import Any
 from seal_rl import __version__, jsonl
 from seal_rl.errors import SealError
 from seal_rl.ood.tau2_bench import TAU2_VERSION, Protocol, trial_seeds
-from seal_rl.ood.tau2_models import Engine, EngineError, serving
+from seal_rl.ood.tau2_models import Engine, EngineError, PlayerFailure, serving
 from seal_rl.ood.tau2_oracle import oracle_classes
 from seal_rl.runlock import run_lock
 from seal_rl.stats import wilson
@@ -116,15 +117,21 @@ def play(tau2: SimpleNamespace, domain: str, task: Any, agent: Player, user: Pla
 
 
 def _engine_failure(tau2: SimpleNamespace, exc: BaseException) -> bool:
-    """Whether ``exc`` says no message could be generated (not something the model did)."""
+    """Whether ``exc`` says no message could be generated (a server down, an engine that failed),
+    not something a player did: an :class:`EngineError` or litellm's connection-level errors,
+    unless a :class:`PlayerFailure` of seal-rl's provider is what litellm wrapped."""
     litellm = tau2.litellm
     infrastructure = (litellm.APIConnectionError, litellm.Timeout, litellm.RateLimitError, litellm.ServiceUnavailableError,
                       litellm.InternalServerError, litellm.AuthenticationError, litellm.NotFoundError)  # fmt: skip
-    while exc is not None:
-        if isinstance(exc, (EngineError, *infrastructure)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, EngineError) for e in chain):
+        return True
+    if any(isinstance(e, PlayerFailure) for e in chain):
+        return False
+    return isinstance(exc, infrastructure)
 
 
 def record(domain: str, index: int, trial: int, seed: int, simulation: Any, failure: str | None) -> dict[str, Any]:
@@ -193,6 +200,21 @@ def tau2_results(tau2: SimpleNamespace, domain: str, tasks: Sequence[Any], recor
     )  # fmt: skip
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """``value`` with lone surrogates in its strings as U+FFFD: τ²'s reader (pydantic's JSON parser)
+    refuses them even escaped. ``results.jsonl`` keeps the text exactly (:mod:`seal_rl.jsonl`)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_surrogates(v) for k, v in value.items()}
+    return value
+
+
 def evaluate_tau2(
     tau2: SimpleNamespace,
     domain: str,
@@ -257,5 +279,6 @@ def evaluate_tau2(
                    "tasks": len(tasks), "trials": protocol.trials, **summarize(ordered, protocol.trials, tau2)}  # fmt: skip
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         results_file = tau2_results(tau2, domain, tasks, ordered, agent, user, protocol)
-        (out / TAU2_RESULTS_FILE).write_text(results_file.model_dump_json(indent=2))
+        (out / TAU2_RESULTS_FILE).write_text(json.dumps(_without_surrogates(results_file.model_dump(mode="json")), indent=2,
+                                                        ensure_ascii=False), encoding="utf-8")  # fmt: skip
         return summary

@@ -1,0 +1,90 @@
+"""``seal eval --benchmark tau2-DOMAIN``: the τ²-bench half of ``seal eval`` (:mod:`seal_rl.ood.tau2_run`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from seal_rl.cli.console import err, out
+from seal_rl.errors import SealError
+from seal_rl.ood.tau2_bench import Protocol, benchmark_domain, load_tasks, load_tau2
+
+
+def tau2_eval(benchmark: str, *, policy: str, user: str | None, out_dir: Path, split: str | None, tasks: str | None,
+              trials: int, max_steps: int | None, max_errors: int | None, seed: int | None, concurrency: int,
+              prompt_mode: str, call_format: str, settings: Any, overwrite: bool, category: Any = None) -> None:  # fmt: skip
+    """Check everything (benchmark, split, tasks, players, protocol) before a conversation starts, play, print."""
+    from seal_rl.ood.tau2_players import check_specs, players
+    from seal_rl.ood.tau2_run import evaluate_tau2
+
+    domain = benchmark_domain(benchmark)
+    if category:
+        raise SealError("--category selects BFCL multi-turn categories; τ² runs take --split or --tasks.")
+    defaults = Protocol()
+    protocol = Protocol(max_steps=max_steps or defaults.max_steps, max_errors=max_errors or defaults.max_errors,
+                        seed=defaults.seed if seed is None else seed, trials=trials)  # fmt: skip
+    if max_steps is not None and max_steps < 1 or max_errors is not None and max_errors < 1:
+        raise SealError("--max-steps and --max-errors must be at least 1.")
+    _, _, user_spec = check_specs(policy, user)  # a bad spec is one line before τ² is even imported
+    tau2 = load_tau2()
+    ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    chosen = load_tasks(tau2, domain, split, ids)
+    if not chosen:
+        raise SealError(f"No tau2-{domain} task matches that selection.")
+    config = {"benchmark": benchmark, "policy": policy, "user": user_spec, "split": None if ids else (split or "test"),
+              "prompt_mode": prompt_mode, "call_format": call_format,
+              "model_settings": None if policy == "oracle" else {k: getattr(settings, k) for k in
+                                                                 ("temperature", "top_p", "max_new_tokens", "dtype")}}  # fmt: skip
+    total = len(chosen) * protocol.trials
+    columns = (TextColumn(f"[bold]{benchmark}"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[rate]}"),
+               TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    counts = {"done": 0, "reward": 0.0, "errors": 0}
+    with players(policy, user, settings, prompt_mode=prompt_mode, call_format=call_format, out=out_dir,
+                 overwrite=overwrite) as (agent, user_player, precision):  # fmt: skip
+        config.update(precision)
+        with Progress(*columns, console=err) as progress:
+            bar = progress.add_task("tau2", total=total, rate="-", errors="")
+
+            def advance(record: dict) -> None:
+                counts["done"] += 1
+                counts["errors"] += bool(record.get("error"))
+                counts["reward"] += 0.0 if record.get("error") else record["reward"]
+                scored = counts["done"] - counts["errors"]
+                progress.update(bar, advance=1, rate=f"{counts['reward'] / scored:.2f}" if scored else "-",
+                                errors=f"[red]{counts['errors']} errors" if counts["errors"] else "")  # fmt: skip
+
+            def resumed(done: list[dict]) -> None:
+                err.print(f"resuming {out_dir}: {len(done)} of {total} conversations already done", soft_wrap=True)
+                for record in done:
+                    advance(record)
+
+            try:
+                summary = evaluate_tau2(tau2, domain, chosen, out_dir, agent=agent, user=user_player, protocol=protocol,
+                                        config=config, concurrency=concurrency, overwrite=overwrite,
+                                        on_conversation=advance, on_resume=resumed)  # fmt: skip
+            except SealError:
+                progress.update(bar, visible=False)
+                raise
+    print_tau2_summary(summary, out_dir)
+    if summary["generation_errors"] and not summary["conversations"]:
+        err.print("[bold red]error:[/] every conversation ended in a generation error (see 'error' in results.jsonl)")
+        raise typer.Exit(1)
+
+
+def print_tau2_summary(summary: dict, out_dir: Path) -> None:
+    scope = f"{summary['tasks']} tasks × {summary['trials']} trials" + (f" of the {summary['split']} split" if summary.get("split") else "")
+    table = Table("conversations", "avg reward", "success", "95% CI", *(f"pass^{k}" for k in summary["pass_hat_k"]),
+                  title=f"{summary['benchmark']} — {summary['policy']} (user: {summary['user']})", caption=scope)  # fmt: skip
+    low, high = summary["success_interval"]
+    table.add_row(str(summary["conversations"]), f"{summary['avg_reward']:.3f}", f"{summary['success_rate']:.1%}",
+                  f"{low:.1%}–{high:.1%}", *(f"{v:.1%}" for v in summary["pass_hat_k"].values()))  # fmt: skip
+    out.print(table)
+    endings = ", ".join(f"{reason} {n}" for reason, n in sorted(summary["terminations"].items()))
+    out.print(f"endings: {endings or '-'}")
+    if summary["generation_errors"]:
+        err.print(f"[red]{summary['generation_errors']} conversations ended in generation errors[/] (left out; played again on resume)")
+    out.print(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}  τ² results: {out_dir / 'tau2_results.json'}")
