@@ -24,11 +24,11 @@ def tau2_eval(benchmark: str, *, policy: str, user: str | None, out_dir: Path, s
     domain = benchmark_domain(benchmark)
     if category:
         raise SealError("--category selects BFCL multi-turn categories; τ² runs take --split or --tasks.")
+    if max_steps is not None and max_steps < 1 or max_errors is not None and max_errors < 1:
+        raise SealError("--max-steps and --max-errors must be at least 1.")
     defaults = Protocol()
     protocol = Protocol(max_steps=max_steps or defaults.max_steps, max_errors=max_errors or defaults.max_errors,
                         seed=defaults.seed if seed is None else seed, trials=trials)  # fmt: skip
-    if max_steps is not None and max_steps < 1 or max_errors is not None and max_errors < 1:
-        raise SealError("--max-steps and --max-errors must be at least 1.")
     _, _, user_spec = check_specs(policy, user)  # a bad spec is one line before τ² is even imported
     tau2 = load_tau2()
     ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None

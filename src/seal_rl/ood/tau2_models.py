@@ -86,8 +86,10 @@ def to_seal_messages(messages: Sequence[dict[str, Any]], tools: list[dict[str, A
             out.append({"role": role, "content": content})
     for message in out:
         message.pop("_results", None)
-    if prompt_mode == "chat_template" or not tools:
-        return out, (tools or None) if prompt_mode == "chat_template" else None
+    if prompt_mode == "chat_template":
+        return out, tools or None
+    if not tools:
+        return out, None
     block = qwen_tools_block([json.dumps(tool) for tool in tools])
     if out and out[0]["role"] == "system":
         out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{block}"}
