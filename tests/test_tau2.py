@@ -248,7 +248,7 @@ def test_the_cli_refuses_bad_tau2_input_in_one_line(monkeypatch, capsys, tmp_pat
         return 0, capsys.readouterr().err
 
     cases = [
-        (("--benchmark", "tau2-bank", "-p", "oracle"), "choose one of: bfcl, tau2-airline"),
+        (("--benchmark", "tau2-bank", "-p", "oracle"), "choose one of: bfcl, bfcl-memory, tau2-airline"),
         (("--benchmark", "tau2-airline", "-p", "oracle", "--split", "dev"), "choose one of: train, test, base"),
         (("--benchmark", "tau2-airline", "-p", "oracle", "--trials", "0"), "--trials must be at least 1"),
         (("--benchmark", "tau2-airline", "-p", "oracle", "--user", "hf:/no/such/model"), "--user 'hf:/no/such/model'"),

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.cli.ood import tau2_eval
+from seal_rl.cli.ood import memory_eval, tau2_eval
 from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
@@ -25,19 +25,19 @@ from seal_rl.ood import BENCHMARKS
 from seal_rl.policies import BfclResultPolicy, ModelPolicy, VLLMPolicy, parse_policy, with_samples
 from seal_rl.profile import describe_run
 from seal_rl.stats import compare_runs
-from seal_rl.tasks import TaskSet
+from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.tools import FORMATS
 
 def eval_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
-    benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
+    benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, BFCL V4 memory (bfcl-eval's memory backends and checker), or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
     user: Annotated[str | None, typer.Option("--user", help="τ²: the user simulator, as --policy (hf:, vllm:, openai:; oracle with the oracle agent), τ²'s own prompt and guidelines.")] = None,
     trials: Annotated[int, typer.Option(help="τ²: conversations per task (pass^k for k = 1..trials).")] = 1,
     max_steps: Annotated[int | None, typer.Option(help="τ²: orchestrator steps before a conversation ends (default: τ²'s 200).")] = None,
     max_errors: Annotated[int | None, typer.Option(help="τ²: tool errors before a conversation ends (default: τ²'s 10).")] = None,
-    split: Annotated[str | None, typer.Option(help="train, test or all (default: test); τ²: its own split names (train, test, base, ...).")] = None,
-    category: CategoryOption = None,
+    split: Annotated[str | None, typer.Option(help="train, test or all (default: test); τ²: its own split names (train, test, base, ...); bfcl-memory: scenarios, comma-separated (customer, finance, healthcare, notetaker, student; default all).")] = None,
+    category: Annotated[list[str] | None, typer.Option("--category", "-c", help=f"Only this category (repeatable): {', '.join(CATEGORIES)}; bfcl-memory: the memory backend, kv or rec_sum (default both).")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
     call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}, or auto (the model's template family decides; docs/models.md).")] = "hermes",
     prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}, or auto.")] = "bfcl_qwen_fc",
@@ -61,6 +61,19 @@ def eval_command(
     requests_per_minute: Annotated[float, typer.Option(help="openai: rate limit (0 = none).")] = 0.0,
 ) -> None:
     """Evaluate a policy on BFCL multi-turn (by default under the official bfcl protocol; see --protocol) or on τ²-bench (--benchmark)."""
+    if benchmark == "bfcl-memory":
+        if user is not None or trials != 1 or max_steps is not None or max_errors is not None or samples != 1:
+            raise SealError("--user, --trials, --max-steps, --max-errors and --samples do not apply to bfcl-memory "
+                            "(a single play of each question under the bfcl protocol).")  # fmt: skip
+        if protocol != "bfcl" or AUTO in (call_format, prompt_mode):
+            raise SealError("bfcl-memory plays the bfcl protocol with an explicit --format and --prompt-mode.")
+        env_config = EnvConfig(protocol="bfcl", call_format=call_format, prompt_mode=prompt_mode, max_steps_per_turn=max_steps_per_turn)
+        settings = ModelSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed or 0,
+                                 concurrency=concurrency, prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens,
+                                 rollout_scheduler=rollout_scheduler, dtype=dtype, timeout=timeout, max_retries=retries,
+                                 api_key_env=api_key_env, requests_per_minute=requests_per_minute)  # fmt: skip
+        return memory_eval(policy=policy, out_dir=out_dir, split=split, category=category, tasks=tasks,
+                           env_config=env_config, settings=settings, overwrite=overwrite)  # fmt: skip
     if benchmark != "bfcl":
         if call_format == AUTO or prompt_mode == AUTO:
             raise SealError("τ² runs take an explicit --format and --prompt-mode (auto reads a BFCL episode's template).")
@@ -156,15 +169,27 @@ def export_bfcl_command(
 
     from seal_rl.bfcl_results import export_run
 
-    records = read_results(run_dir)
     try:
-        call_format = json.loads((run_dir / "config.json").read_text())["env"]["call_format"]
+        config = json.loads((run_dir / "config.json").read_text())
+        call_format = config["env"]["call_format"]
     except (OSError, ValueError, KeyError, TypeError):
         raise SealError(f"{run_dir}/config.json is missing or not a `seal eval` config; export needs the run's call format.") from None
-    written = export_run(records, out_dir, call_format=call_format, model_name=model)
+    if config.get("benchmark") == "bfcl-memory":
+        from seal_rl import jsonl
+        from seal_rl.bfcl_results import EXPORT_MODELS
+        from seal_rl.ood.bfcl_memory import export_memory
+
+        if model is None and call_format not in EXPORT_MODELS:
+            raise SealError(f"No BFCL handler reads the {call_format!r} call format; export hermes or pythonic runs.")
+        records = jsonl.read(run_dir / "results.jsonl").values
+        written = export_memory(records, out_dir, model or EXPORT_MODELS[call_format])
+        category = "memory"
+    else:
+        written = export_run(read_results(run_dir), out_dir, call_format=call_format, model_name=model)
+        category = "multi_turn"
     for path in written:
         out.print(f"wrote {path}")
-    out.print("score them with: bfcl evaluate --model <the folder name with _ as /> --test-category multi_turn "
+    out.print(f"score them with: bfcl evaluate --model <the folder name with _ as /> --test-category {category} "
               f"--result-dir {out_dir} --partial-eval   (see docs/ood.md)")
 
 

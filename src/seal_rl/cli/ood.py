@@ -88,3 +88,63 @@ def print_tau2_summary(summary: dict, out_dir: Path) -> None:
     if summary["generation_errors"]:
         err.print(f"[red]{summary['generation_errors']} conversations ended in generation errors[/] (left out; played again on resume)")
     out.print(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}  τ² results: {out_dir / 'tau2_results.json'}")
+
+
+def memory_eval(*, policy: str, out_dir: Path, split: str | None, category: list[str] | None, tasks: str | None,
+                env_config: Any, settings: Any, overwrite: bool) -> None:  # fmt: skip
+    """``seal eval --benchmark bfcl-memory``: check the selection and the policy, play, print."""
+    from seal_rl.ood.bfcl_memory import BACKENDS, backend_category, evaluate_memory
+    from seal_rl.policies import ModelPolicy, ServerPolicy, VLLMPolicy, parse_policy
+
+    backends = [b.strip() for c in category for b in c.split(",") if b.strip()] if category else list(BACKENDS)
+    for backend in backends:
+        backend_category(backend)  # one line for vector or an unknown backend
+    if policy != "oracle" and not isinstance(parse_policy(policy), (ModelPolicy, VLLMPolicy, ServerPolicy)):
+        raise SealError("bfcl-memory plays --policy oracle, hf:, vllm: or openai:; replay and bfcl-result files are BFCL multi-turn runs.")
+    scenarios = None if split in (None, "all") else [s.strip() for s in split.split(",") if s.strip()]
+    ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    counts = {"done": 0, "passed": 0, "scored": 0, "errors": 0}
+    columns = (TextColumn("[bold]bfcl-memory"), BarColumn(), MofNCompleteColumn(), TextColumn("accuracy {task.fields[rate]}"),
+               TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task("memory", total=None, rate="-", errors="")
+
+        def advance(record: dict) -> None:
+            counts["done"] += 1
+            counts["errors"] += bool(record.get("error"))
+            if not record.get("prereq") and not record.get("error"):
+                counts["scored"] += 1
+                counts["passed"] += record["reward"] == 1.0
+            progress.update(bar, advance=1, rate=f"{counts['passed'] / counts['scored']:.1%}" if counts["scored"] else "-",
+                            errors=f"[red]{counts['errors']} errors" if counts["errors"] else "")  # fmt: skip
+
+        def resumed(done: list[dict]) -> None:
+            err.print(f"resuming {out_dir}: {len(done)} entries already done", soft_wrap=True)
+            for record in done:
+                advance(record)
+
+        def entries(total: int) -> None:
+            progress.update(bar, total=total)
+
+        try:
+            summary = evaluate_memory(backends, out_dir, policy=policy, env_config=env_config, settings=settings,
+                                      scenarios=scenarios, ids=ids, overwrite=overwrite, on_episode=advance,
+                                      on_resume=resumed, on_entries=entries)  # fmt: skip
+        except SealError:
+            progress.update(bar, visible=False)
+            raise
+    table = Table("backend", "questions", "passed", "accuracy", "95% CI", title=f"bfcl-memory — {summary['policy']}",
+                  caption=f"{summary['prerequisites']} prerequisite conversations played")  # fmt: skip
+    for backend, row in summary["backends"].items():
+        low, high = row["interval"]
+        table.add_row(backend, str(row["questions"]), str(row["passed"]), f"{row['accuracy']:.1%}", f"{low:.1%}–{high:.1%}")
+    out.print(table)
+    out.print(f"memory accuracy (mean over backends): {summary['accuracy']:.1%}")
+    if summary["failures"]:
+        out.print("failures: " + ", ".join(f"{kind} {n}" for kind, n in sorted(summary["failures"].items())))
+    if summary["generation_errors"]:
+        err.print(f"[red]{summary['generation_errors']} entries ended in generation errors[/] (played again on resume)")
+    out.print(f"results: {out_dir / 'results.jsonl'}  summary: {out_dir / 'summary.json'}")
+    if summary["generation_errors"] and not summary["questions"]:
+        err.print("[bold red]error:[/] every question ended in a generation error (see 'error' in results.jsonl)")
+        raise typer.Exit(1)

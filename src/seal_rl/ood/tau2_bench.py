@@ -82,7 +82,7 @@ def benchmark_domain(benchmark: str) -> str:
     """``tau2-airline`` -> ``airline``; anything else is one line naming the choices."""
     domain = benchmark.removeprefix("tau2-")
     if not benchmark.startswith("tau2-") or domain not in DOMAINS:
-        choices = ", ".join(["bfcl", *(f"tau2-{d}" for d in DOMAINS)])
+        choices = ", ".join(["bfcl", "bfcl-memory", *(f"tau2-{d}" for d in DOMAINS)])
         raise SealError(f"Unknown --benchmark {benchmark!r}; choose one of: {choices}.")
     return domain
 
