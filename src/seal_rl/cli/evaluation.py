@@ -211,7 +211,7 @@ def compare_command(
     as_json: JsonOption = False,
 ) -> None:
     """Compare two evaluation runs task by task: exact McNemar tests and a bootstrap interval."""
-    result = compare_runs(read_results(run_a), read_results(run_b), resamples=resamples)
+    result = compare_runs(_comparable_records(run_a, run_b, "a"), _comparable_records(run_b, run_a, "b"), resamples=resamples)
     if not result.overall.pairs:
         raise SealError(f"{run_a} and {run_b} share no episode (task and sample); nothing to compare.")
     if as_json:
@@ -223,6 +223,24 @@ def compare_command(
 
         target = write_compare_report(run_a, run_b, html, resamples=resamples)
         (err if as_json else out).print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
+
+
+def _comparable_records(run: Path, other: Path, side: str) -> list[dict]:
+    """A run's records for :func:`compare_runs`; OOD runs (τ², memory) paired by task and trial, and
+    only with a run of the same benchmark."""
+    from seal_rl.ood.profile import comparable, ood_benchmark
+
+    mine, theirs = ood_benchmark(run), ood_benchmark(other)
+    if mine != theirs:
+        raise SealError(f"{run} is a {mine or 'BFCL multi-turn'} run and {other} a {theirs or 'BFCL multi-turn'} run; "
+                        "compare runs of the same benchmark.")  # fmt: skip
+    if mine is None:
+        return read_results(run)
+    from seal_rl import jsonl
+
+    if not (run / "results.jsonl").exists():
+        raise SealError(f"No results.jsonl in {run}; run `seal eval --benchmark {mine} --out {run}` first.")
+    return comparable(jsonl.read(run / "results.jsonl").values, mine)
 
 
 def _comparison_json(run_a: Path, run_b: Path, result) -> dict:
@@ -300,6 +318,13 @@ def diagnose_command(
         raise SealError(f"--priority must be one of {', '.join(sorted(PRIORITIES))}, got {priority!r}.")
     if round_ is not None and last is not None:
         raise SealError("Give --round or --last, not both.")
+    from seal_rl.ood.profile import ood_benchmark
+
+    benchmark = ood_benchmark(run_dir)
+    if benchmark is not None:
+        if priority is not None or round_ is not None or last is not None:
+            raise SealError("--priority, --round and --last apply to BFCL multi-turn and training runs, not to OOD runs.")
+        return _print_ood_profile(run_dir, benchmark, top, as_json)
     records, what = _diagnosis_records(run_dir, round_, last)
     run = describe_run(records, top=top, priority=priority)
     profile = run.profile
@@ -337,6 +362,31 @@ def diagnose_command(
     out.print("[bold]Commonest evidence[/]")
     for label in labels:
         for message, count in run.top_messages.get(label, []):
+            out.print(f"  {label}: {message} ({count})", markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_ood_profile(run_dir: Path, benchmark: str, top: int, as_json: bool) -> None:
+    """``seal diagnose`` on a τ² or BFCL memory run (:mod:`seal_rl.ood.profile`)."""
+    from seal_rl import jsonl
+    from seal_rl.ood.profile import ood_profile
+
+    if not (run_dir / "results.jsonl").exists():
+        raise SealError(f"No results.jsonl in {run_dir}; run `seal eval --benchmark {benchmark} --out {run_dir}` first.")
+    profile = ood_profile(jsonl.read(run_dir / "results.jsonl").values, benchmark, top=top)
+    if as_json:
+        return _print_json({"run": str(run_dir), **profile})
+    unit = "questions" if benchmark == "bfcl-memory" else "conversations"
+    total = sum(profile["labels"].values()) or 1
+    checked = "one final answer per question" if benchmark == "bfcl-memory" else "gold actions and communicate_info strings"
+    table = Table("label", "checks", "share", title=f"{benchmark}: {profile['episodes']} {unit}, {sum(profile['labels'].values())} checks ({checked})")
+    for label, count in profile["labels"].items():
+        table.add_row(label, str(count), f"{count / total:.1%}")
+    out.print(f"Failure profile of {run_dir} (docs/diagnosis.md, OOD runs)", markup=False, highlight=False, soft_wrap=True)
+    out.print(table)
+    out.print("calls: " + ", ".join(f"{kind} {n}" for kind, n in profile["calls"].items()), soft_wrap=True)
+    out.print("endings: " + ", ".join(f"{reason} {n}" for reason, n in profile["endings"].items()), soft_wrap=True)
+    for label, items in profile["top_evidence"].items():
+        for message, count in items:
             out.print(f"  {label}: {message} ({count})", markup=False, highlight=False, soft_wrap=True)
 
 
