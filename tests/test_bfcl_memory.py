@@ -258,6 +258,10 @@ def test_seal_eval_plays_a_selection_and_prints_the_table(monkeypatch, capsys, t
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["backends"]["kv"]["questions"] == 2 and summary["prerequisites"] == 10 and summary["accuracy"] == 1.0
     assert "100.0%" in out and "10 prerequisite conversations" in out
+    code, out, err = run_cli(monkeypatch, capsys, "diagnose", str(tmp_path / "run"), "--json")
+    assert code == 0 and json.loads(out)["labels"] == {"pass": 2}, err
+    code, out, err = run_cli(monkeypatch, capsys, "report", str(tmp_path / "run"))
+    assert code == 0 and "memory_kv_3-customer-3" in (tmp_path / "run" / "report.html").read_text(), err
     with pytest.raises(SealError, match="ids look like"):
         select(load_tasks("kv", tmp_path), None, ["customer-3"])
 

@@ -102,3 +102,18 @@ def test_seal_diagnose_and_compare_read_ood_runs(monkeypatch, capsys, tmp_path):
     assert [r["sample"] for r in comparable([_tau2_record(trial=2)], "tau2-retail")] == [2]  # paired by task and trial
     code, _, err = run_cli(monkeypatch, capsys, "diagnose", str(tmp_path / "a"), "--round", "1")
     assert code == 2 and "not to OOD runs" in err
+
+
+def test_seal_report_writes_an_ood_page_with_hostile_text_escaped(monkeypatch, capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"benchmark": "tau2-retail"}))
+    record = _tau2_record()
+    record["simulation"]["messages"].append({"role": "assistant", "content": "<script>alert(1)</script>\ud800"})
+    (run / "results.jsonl").write_text(json.dumps(record) + "\n")
+    (run / "summary.json").write_text(json.dumps({"policy": "hf:x", "avg_reward": 0.0, "success_rate": 0.0, "conversations": 1}))
+    code, out, err = run_cli(monkeypatch, capsys, "report", str(run))
+    assert code == 0, err
+    html = (run / "report.html").read_text(errors="backslashreplace")
+    assert "&lt;script&gt;alert(1)" in html and "<script>alert(1)" not in html
+    assert "missing_tool_call" in html and "too_many_errors" in html and "cancel_pending_order" in html

@@ -11,6 +11,7 @@ evenly over the run, and say so; every rate and chart counts all of them.
 * :mod:`~seal_rl.report.training` — training runs (``metrics.jsonl``, ``trajectories.jsonl``);
   its interface timeline is :mod:`~seal_rl.report.interface`.
 * :mod:`~seal_rl.report.compare` — two evaluation runs side by side.
+* :mod:`~seal_rl.report.ood` — a τ²-bench or BFCL memory run.
 * :mod:`~seal_rl.report.episodes` — one episode as the agent saw it.
 * :mod:`~seal_rl.report.page` — templates, styles, script and charts every page shares.
 """
@@ -33,7 +34,14 @@ __all__ = ["LABEL_COLOURS", "REPORT_FILE", "compare_report", "eval_report", "tra
 def write_report(run_dir: Path) -> Path:
     """Write ``RUN/report.html`` for an evaluation or training run directory and return its path."""
     run_dir = Path(run_dir)
-    if (run_dir / "metrics.jsonl").exists():
+    from seal_rl.ood.profile import ood_benchmark
+
+    benchmark = ood_benchmark(run_dir)
+    if benchmark is not None:
+        from seal_rl.report.ood import ood_report
+
+        page = ood_report(run_dir, benchmark)
+    elif (run_dir / "metrics.jsonl").exists():
         page = training_report(run_dir)
     elif (run_dir / "results.jsonl").exists():
         page = eval_report(run_dir)
