@@ -28,18 +28,29 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seal_rl.bfcl import import_bfcl
-from seal_rl.env import BfclEnv
+from seal_rl import __version__, jsonl
+from seal_rl.bfcl import BFCL_VERSION, import_bfcl
+from seal_rl.bfcl_results import turns_of
+from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
+from seal_rl.evaluate import RESULTS_FILE, SUMMARY_FILE, ModelSettings, _resumable, make_generator, run_precision
+from seal_rl.generators import ScriptedGenerator
 from seal_rl.interface import Message
+from seal_rl.policies import Episode, ScriptedAgent, parse_policy
 from seal_rl.reasoning import answer
+from seal_rl.rollout import Budgets, Generator, run_episodes
+from seal_rl.runlock import run_lock
+from seal_rl.stats import wilson
 from seal_rl.tasks import Task
+from seal_rl.tools import ToolCatalog
 
 BACKENDS: tuple[str, ...] = ("kv", "rec_sum")
 """the memory backends that run here, in BFCL's order"""
@@ -248,8 +259,6 @@ def wrong_messages(task: MemoryTask) -> list[str]:
 def summarize(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> dict[str, Any]:
     """Accuracy per backend and per scenario with Wilson 95% intervals, BFCL's memory accuracy (the
     mean over backends), the failure types and the prerequisites played."""
-    from seal_rl.stats import wilson
-
     questions = [r for r in records if not r.get("prereq") and not r.get("error")]
     per_backend = {}
     for backend in backends:
@@ -284,10 +293,10 @@ def evaluate_memory(
     backends: Sequence[str],
     out: Path,
     *,
-    policy: Any,
-    env_config: Any,
-    settings: Any,
-    generator: Any = None,
+    policy: str,
+    env_config: EnvConfig,
+    settings: ModelSettings,
+    generator: Generator | None = None,
     messages: Callable[[MemoryTask], list[str]] = oracle_messages,
     scenarios: Sequence[str] | None = None,
     ids: Sequence[str] | None = None,
@@ -305,21 +314,10 @@ def evaluate_memory(
     are read back as the backends read them. ``policy``: ``oracle`` (scripted by ``messages``) or a
     model policy (:func:`seal_rl.policies.parse_policy`); ``generator`` overrides its own (tests).
     ``scenarios`` / ``ids``: a selection (:func:`select`)."""
-    import shutil
-    from dataclasses import asdict, replace
-
-    from seal_rl import __version__, jsonl
-    from seal_rl.bfcl import BFCL_VERSION
-    from seal_rl.evaluate import RESULTS_FILE, SUMMARY_FILE, _resumable, make_generator, run_precision
-    from seal_rl.generators import ScriptedGenerator
-    from seal_rl.policies import Episode, ScriptedAgent, parse_policy
-    from seal_rl.rollout import Budgets
-    from seal_rl.runlock import run_lock
-
     out = Path(out)
     scripted = policy == "oracle"
     chosen = None if scripted else parse_policy(policy)
-    tasks = [t for backend in backends for t in select(load_tasks(backend, out), scenarios, ids)]
+    tasks = [t for backend in backends for t in select(load_tasks(backend, out.resolve()), scenarios, ids)]  # the backends join paths onto it from any working directory
     indices = {t.id: i for i, t in enumerate(tasks, start=1)}
     if on_entries is not None:
         on_entries(len(tasks))
@@ -347,9 +345,7 @@ def evaluate_memory(
             episodes = [Episode(indices[t.id], t, None) for t in tasks]
             generator, chat, budgets = make_generator(chosen, settings, env_config, episodes)
             if precision is not None:
-                import sys
-
-                print(precision.why, file=sys.stderr)
+                print(precision.why, file=sys.stderr)  # once the weights have loaded, as seal eval says it
         try:
             with open(out / RESULTS_FILE, "a", encoding="utf-8") as results:
 
@@ -360,7 +356,7 @@ def evaluate_memory(
                         on_episode(record)
 
                 play_memory(tasks, generator, env_config, chat=chat, budgets=budgets,
-                            concurrency=getattr(settings, "concurrency", 8), seed=getattr(settings, "seed", 0),
+                            concurrency=settings.concurrency, seed=settings.seed,
                             indices=indices, done={r["task_id"] for r in done}, on_done=finished)  # fmt: skip
         finally:
             if owned and hasattr(generator, "close"):
@@ -372,14 +368,11 @@ def evaluate_memory(
         return summary
 
 
-def play_memory(tasks: Sequence[MemoryTask], generator: Any, env_config: Any, *, chat: Any = None, budgets: Any = None,
+def play_memory(tasks: Sequence[MemoryTask], generator: Generator, env_config: EnvConfig, *, chat: Any = None, budgets: Budgets | None = None,
                 concurrency: int = 8, seed: int = 0, indices: dict[str, int], done: set[str],
                 on_done: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
     """Play ``tasks`` (minus ``done``) in bfcl's order: prerequisite rounds one after the other, then
     every question at once (up to ``concurrency``). ``on_done`` gets each finished record."""
-    from seal_rl.rollout import Budgets, run_episodes
-    from seal_rl.tools import ToolCatalog
-
     catalog = ToolCatalog()
     batches = [*prerequisite_rounds(tasks), [t for t in tasks if not t.prereq]]
     for batch in batches:
@@ -406,8 +399,6 @@ def export_memory(records: Sequence[dict[str, Any]], out: Path, model_name: str)
     BFCL_v4_memory_BACKEND_result.json``, bfcl's own layout and names) in the prompting shape, so that
     ``bfcl evaluate --test-category memory_BACKEND`` scores them; prerequisites are not scored and not
     written. A question that ended in a generation error becomes bfcl's inference-error string."""
-    from seal_rl.bfcl_results import turns_of
-
     utils = import_bfcl("utils")
     by_category: dict[str, list[dict[str, Any]]] = {}
     for record in records:
