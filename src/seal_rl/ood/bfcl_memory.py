@@ -317,7 +317,8 @@ def evaluate_memory(
     out = Path(out)
     scripted = policy == "oracle"
     chosen = None if scripted else parse_policy(policy)
-    tasks = [t for backend in backends for t in select(load_tasks(backend, out.resolve()), scenarios, ids)]  # the backends join paths onto it from any working directory
+    # resolved: the backends join their snapshot paths onto it, whatever the working directory
+    tasks = [t for backend in backends for t in select(load_tasks(backend, out.resolve()), scenarios, ids)]
     indices = {t.id: i for i, t in enumerate(tasks, start=1)}
     if on_entries is not None:
         on_entries(len(tasks))
