@@ -225,13 +225,21 @@ def test_continuous_sampling_is_reproducible_on_cpu(engine, tiny64):
     generator = _generator(engine, tiny64, temperature=1.0)
     assert generator.cpu
     chat = ChatTokens(generator.chat.tokenizer)
+
+    def episodes(seed):
+        # Each play starts from an empty prefix cache, as a rerun's fresh engine does. On an AVX2-only
+        # CPU a prefix read from vLLM's cache gives log-probabilities up to 1e-6 off a fresh prefill's
+        # (measured 9.5e-7; the same tokens), so a warm second play is not bit-identical there.
+        engine.reset_prefix_cache()
+        return _episodes(generator, chat, "continuous", seed=seed)
+
     torch.manual_seed(123)
-    first = _episodes(generator, chat, "continuous", seed=5)
+    first = episodes(5)
     after = torch.rand(1)
     torch.manual_seed(123)
-    assert same_episodes(_episodes(generator, chat, "continuous", seed=5), first)
+    assert same_episodes(episodes(5), first)
     assert torch.equal(torch.rand(1), after)
-    assert not same_episodes(_episodes(generator, chat, "continuous", seed=6), first)
+    assert not same_episodes(episodes(6), first)
     assert all(r.trajectory.logprobs and None not in r.trajectory.logprobs for r in first)
 
 
