@@ -164,16 +164,24 @@ MODES = [
 ]
 
 
+EVERY_TASK = {("qwen", "bfcl_qwen_fc", "hermes"), ("smollm2", "bfcl_qwen_fc", "hermes")}
+"""the modes checked on all 800 ground truths (the defaults of both models); the chat_template modes take
+every 4th task, 50 of each category: about 400 s less of CI's test time on an AVX2-only CPU, where
+these five took 534 s on the 800"""
+
+
 @pytest.mark.parametrize(("model", "prompt_mode", "call_format"), MODES)
 def test_oracle_samples_are_token_exact_with_the_real_tokenizers(request, tasks, task_set, model, prompt_mode, call_format):
-    """All 800 ground truths: the driver's sample equals the tokenizer's encoding of the chat
-    template's rendering of the final conversation, and the loss mask is exactly the model's tokens."""
+    """The ground truths (all 800, or every 4th: :data:`EVERY_TASK`): the driver's sample equals the
+    tokenizer's encoding of the chat template's rendering of the final conversation, and the loss
+    mask is exactly the model's tokens."""
     tokenizer = request.getfixturevalue(f"{model}_tokenizer")
-    checked, bad = inexact_episodes(tokenizer, tasks, task_set, prompt_mode, call_format)
+    chosen = tasks if (model, prompt_mode, call_format) in EVERY_TASK else tasks[::4]
+    checked, bad = inexact_episodes(tokenizer, chosen, task_set, prompt_mode, call_format)
     print(f"\n{model} {prompt_mode}+{call_format}: {checked - len(bad)}/{checked} token-exact")
     # multi_turn_miss_func_49's ground truth calls `tail` before the task offers it (DESIGN.md §6):
     # under the strict protocol its replay fails, token-exact or not; every other task must be exact.
-    assert checked == 800 and [b for b in bad if not b.startswith("multi_turn_miss_func_49:")] == [], bad[:5]
+    assert checked == len(chosen) >= 200 and [b for b in bad if not b.startswith("multi_turn_miss_func_49:")] == [], bad[:5]
 
 
 class CharByChar(Recording):
@@ -426,7 +434,7 @@ def test_generation_during_training_sees_the_prompt(smollm2_dir):
     assert during_training.token_ids == reference.token_ids and model.training
 
 
-@pytest.mark.parametrize("name, tasks", [("smollm2_dir", 4), ("qwen_dir", 1)])
+@pytest.mark.parametrize("name, tasks", [("smollm2_dir", 2), ("qwen_dir", 1)])
 def test_continuous_rollouts_give_the_lockstep_messages_on_the_real_models(request, task_set, name, tasks):
     """Greedy episodes under the continuous scheduler equal lockstep ticks on SmolLM2 and
     Qwen2.5-Coder (same tokens, stops and truncations), except at a logit near-tie."""
