@@ -80,7 +80,7 @@ def test_bad_selections_are_one_line_naming_the_choices(tau2):
     from seal_rl.errors import SealError
     from seal_rl.ood.tau2_bench import benchmark_domain
 
-    with pytest.raises(SealError, match="choose one of: bfcl, tau2-airline, tau2-retail, tau2-telecom"):
+    with pytest.raises(SealError, match="choose one of: bfcl, bfcl-memory, tau2-airline, tau2-retail, tau2-telecom"):
         benchmark_domain("tau2-banking")
     with pytest.raises(SealError, match="choose one of: train, test, base"):
         load_tasks(tau2, "airline", "dev")
