@@ -94,12 +94,15 @@ core_python = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(
 
 test-core: $(addprefix test-core-,$(CORE_PYTHONS))
 
-test-core-%:
+# install-core-%: the venv alone (.ci/run builds them in the background while the main suite runs).
+install-core-%:
 	@test -n "$(call core_python,$*)" || { echo "Python $* not found (pyenv or python$* on PATH): make test-core needs it" >&2; exit 2; }
 	test -x .venv-core-$*/bin/python || $(call core_python,$*) -m venv .venv-core-$*
 	.venv-core-$*/bin/python -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e '.[dev]'
 	.venv-core-$*/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(BFCL)
 	.venv-core-$*/bin/python -c "import importlib.util, sys; sys.exit('torch is installed in .venv-core-$*: the core must not need it' if importlib.util.find_spec('torch') else 0)"
+
+test-core-%: install-core-%
 	.venv-core-$*/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(CORE_TESTS)
 	.venv-core-$*/bin/python -m pip install --dry-run --quiet --disable-pip-version-check -c requirements/lock.txt '.[train,dev]'
 
