@@ -152,42 +152,58 @@ EXPORT_MODELS = {"hermes": "Qwen/Qwen3-8B-FC", "pythonic": "Qwen/Qwen3-8B"}
 ``<tool_call>`` blocks; ``QwenHandler``: the pythonic prompting format)."""
 
 
+def export_model(call_format: str, model_name: str | None = None) -> str:
+    """The BFCL model whose handler decodes ``call_format`` in the prompting shape: ``model_name``
+    when given, else the default for hermes and pythonic runs (:data:`EXPORT_MODELS`)."""
+    if model_name is not None:
+        return model_name
+    if call_format not in EXPORT_MODELS:
+        raise SealError(f"No BFCL handler reads the {call_format!r} call format; export hermes or pythonic runs.")
+    return EXPORT_MODELS[call_format]
+
+
+def result_line(record: dict[str, Any]) -> dict[str, Any]:
+    """One result-file line for an episode record: its turns, or bfcl's inference-error string when
+    the episode ended in a generation error."""
+    if record.get("error"):
+        return {"id": record["task_id"], "result": f"Error during inference: {record['error']}"}
+    return {"id": record["task_id"], "result": turns_of(record)}
+
+
+def write_result_files(files: dict[Path, list[dict[str, Any]]]) -> list[Path]:
+    """Write each file's lines (one JSON object a line) whole under a temporary name first, then
+    move them all into place, so a failure leaves no half file."""
+    written = []
+    for target, lines in sorted(files.items()):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SealError(f"Cannot write {target.parent}: {exc.strerror}.") from None
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+        written.append((partial, target))
+    for partial, target in written:
+        partial.replace(target)
+    return [target for _, target in written]
+
+
 def export_run(
     records: Sequence[dict[str, Any]], out: Path, *, call_format: str, model_name: str | None = None
 ) -> list[Path]:
     """Write episode records as ``BFCL_v4_multi_turn_<category>_result.json`` files under
     ``out/<model>/multi_turn/`` (``/`` in the model name becomes ``_``: the layout
     ``bfcl evaluate --result-dir out`` reads), one line per task in BFCL id order. Generation
-    errors become inference-error strings; of several samples of a task, sample 0 is written.
-    Each file is written whole under a temporary name first, so a failure leaves no half file."""
-    if model_name is None:
-        if call_format not in EXPORT_MODELS:
-            raise SealError(f"No BFCL handler reads the {call_format!r} call format; export hermes or pythonic runs.")
-        model_name = EXPORT_MODELS[call_format]
+    errors become inference-error strings; of several samples of a task, sample 0 is written."""
+    model_name = export_model(call_format, model_name)
     by_category: dict[str, dict[str, Any]] = {}
     for record in records:
-        if record.get("sample", 0):
-            continue
-        line: dict[str, Any] = {"id": record["task_id"]}
-        if record.get("error"):
-            line["result"] = f"Error during inference: {record['error']}"
-        else:
-            line["result"] = turns_of(record)
-        by_category.setdefault(record["category"], {})[record["task_id"]] = line
+        if not record.get("sample", 0):
+            by_category.setdefault(record["category"], {})[record["task_id"]] = result_line(record)
     if not by_category:
         raise SealError("Nothing to export: the run has no episodes.")
     folder = out / model_name.replace("/", "_") / "multi_turn"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SealError(f"Cannot write {folder}: {exc.strerror}.") from None
-    written = []
-    for category, lines in sorted(by_category.items()):
-        target = folder / f"BFCL_{EXPORT_VERSION}_multi_turn_{category}_result.json"
-        partial = target.with_name(target.name + ".partial")
-        ordered = sorted(lines.values(), key=lambda line: int(_ID.match(line["id"])["number"]))
-        partial.write_text("".join(json.dumps(line) + "\n" for line in ordered), encoding="utf-8")
-        written.append((partial, target))
-    for partial, target in written:
-        partial.replace(target)
-    return [target for _, target in written]
+    return write_result_files({
+        folder / f"BFCL_{EXPORT_VERSION}_multi_turn_{category}_result.json":
+            sorted(lines.values(), key=lambda line: int(_ID.match(line["id"])["number"]))
+        for category, lines in by_category.items()
+    })  # fmt: skip

@@ -1,13 +1,17 @@
 """What every ``seal`` command shares: the two consoles (results on stdout, progress and errors
-on stderr), the ``--category`` and ``--json`` options, and loading a model's tokenizer."""
+on stderr), the ``--category`` and ``--json`` options, an evaluation's progress bar, and loading a
+model's tokenizer."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from seal_rl.errors import SealError
 from seal_rl.tasks import CATEGORIES
@@ -23,6 +27,27 @@ CategoryOption = Annotated[
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts) instead of tables.")]
+
+
+@contextmanager
+def run_progress(label: str, metric: str, total: int | None) -> Iterator[Callable[..., None]]:
+    """An evaluation's progress bar on stderr: done of ``total``, the running ``metric``, errors in
+    red, elapsed time and eta. Yields ``update(rate=..., errors=N, advance=1, total=None)``; on a
+    :class:`SealError` the bar is hidden, so the error is the one line the user sees."""
+    columns = (TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn(f"{metric} {{task.fields[rate]}}"),
+               TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
+    with Progress(*columns, console=err) as progress:
+        bar = progress.add_task(label, total=total, rate="-", errors="")
+
+        def update(*, rate: str = "-", errors: int = 0, advance: int = 1, total: int | None = None) -> None:
+            progress.update(bar, advance=advance, rate=rate, errors=f"[red]{errors} errors" if errors else "",
+                            **({"total": total} if total is not None else {}))  # fmt: skip
+
+        try:
+            yield update
+        except SealError:
+            progress.update(bar, visible=False)
+            raise
 
 
 def load_tokenizer(model: str) -> Any:

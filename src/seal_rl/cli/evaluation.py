@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.cli.ood import memory_eval, tau2_eval
-from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out
+from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out, run_progress
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
@@ -61,6 +60,11 @@ def eval_command(
     requests_per_minute: Annotated[float, typer.Option(help="openai: rate limit (0 = none).")] = 0.0,
 ) -> None:
     """Evaluate a policy on BFCL multi-turn (by default under the official bfcl protocol; see --protocol) or on τ²-bench (--benchmark)."""
+    settings = ModelSettings(
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed or 0, concurrency=concurrency,
+        prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens, rollout_scheduler=rollout_scheduler,
+        dtype=dtype, timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
+    )  # fmt: skip
     if benchmark == "bfcl-memory":
         if user is not None or trials != 1 or max_steps is not None or max_errors is not None or samples != 1:
             raise SealError("--user, --trials, --max-steps, --max-errors and --samples do not apply to bfcl-memory "
@@ -68,24 +72,18 @@ def eval_command(
         if protocol != "bfcl" or AUTO in (call_format, prompt_mode):
             raise SealError("bfcl-memory plays the bfcl protocol with an explicit --format and --prompt-mode.")
         env_config = EnvConfig(protocol="bfcl", call_format=call_format, prompt_mode=prompt_mode, max_steps_per_turn=max_steps_per_turn)
-        settings = ModelSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed or 0,
-                                 concurrency=concurrency, prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens,
-                                 rollout_scheduler=rollout_scheduler, dtype=dtype, timeout=timeout, max_retries=retries,
-                                 api_key_env=api_key_env, requests_per_minute=requests_per_minute)  # fmt: skip
         return memory_eval(policy=policy, out_dir=out_dir, split=split, category=category, tasks=tasks,
                            env_config=env_config, settings=settings, overwrite=overwrite)  # fmt: skip
     if benchmark != "bfcl":
         if call_format == AUTO or prompt_mode == AUTO:
             raise SealError("τ² runs take an explicit --format and --prompt-mode (auto reads a BFCL episode's template).")
-        settings = ModelSettings(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed or 0,
-                                 concurrency=concurrency, prefix_cache_tokens=prefix_cache_tokens, rollout_scheduler=rollout_scheduler,
-                                 dtype=dtype, timeout=timeout, max_retries=retries, api_key_env=api_key_env)  # fmt: skip
+        if max_thinking_tokens or requests_per_minute:
+            raise SealError("--max-thinking-tokens and --requests-per-minute do not apply to τ² runs (τ²'s players have no such caps).")
         return tau2_eval(benchmark, policy=policy, user=user, out_dir=out_dir, split=split, tasks=tasks, trials=trials,
                          max_steps=max_steps, max_errors=max_errors, seed=seed, concurrency=concurrency, prompt_mode=prompt_mode,
                          call_format=call_format, settings=settings, overwrite=overwrite, category=category)  # fmt: skip
     if user is not None or trials != 1 or max_steps is not None or max_errors is not None:
         raise SealError("--user, --trials, --max-steps and --max-errors are τ²-bench options; BFCL runs take --samples (and --max-steps-per-turn).")
-    seed = 0 if seed is None else seed
     chosen = parse_policy(policy)
     if isinstance(chosen, BfclResultPolicy):  # the files decide how their steps are decoded
         if protocol != "bfcl":
@@ -114,19 +112,9 @@ def eval_command(
                       "pass --temperature > 0 for pass@k.", SealWarning, stacklevel=1)  # fmt: skip
     for task_id in getattr(chosen, "unknown", ()):
         err.print(f"[yellow]skipped[/] {task_id}: the pinned bfcl-eval {BFCL_VERSION} data has no such task", soft_wrap=True)
-    settings = ModelSettings(
-        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, concurrency=concurrency,
-        prefix_cache_tokens=prefix_cache_tokens, max_thinking_tokens=max_thinking_tokens, rollout_scheduler=rollout_scheduler,
-        dtype=dtype, timeout=timeout, max_retries=retries, api_key_env=api_key_env, requests_per_minute=requests_per_minute,
-    )  # fmt: skip
 
     counts = {"done": 0, "ok": 0, "errors": 0}
-    columns = (
-        TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("success {task.fields[rate]}"),
-        TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-    )  # fmt: skip
-    with Progress(*columns, console=err) as progress:
-        bar = progress.add_task("eval", total=len(episodes), rate="-", errors="")
+    with run_progress("eval", "success", len(episodes)) as update:
 
         def resumed(done: list[dict]) -> None:
             err.print(f"resuming {out_dir}: {len(done)} of {len(episodes)} episodes already done", soft_wrap=True)
@@ -141,17 +129,11 @@ def eval_command(
             else:
                 counts["ok"] += record["reward"] == 1.0
             scored = counts["done"] - counts["errors"]
-            rate = f"{counts['ok'] / scored:.1%}" if scored else "-"
-            errors = f"[red]{counts['errors']} errors" if counts["errors"] else ""
-            progress.update(bar, advance=1, rate=rate, errors=errors)
+            update(rate=f"{counts['ok'] / scored:.1%}" if scored else "-", errors=counts["errors"])
 
-        try:
-            summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
-                               on_episode=advance, on_resume=resumed,
-                               split=(split or "test") if chosen.selects_tasks and not tasks else None)  # fmt: skip
-        except SealError:
-            progress.update(bar, visible=False)  # the error is the one line the user sees
-            raise
+        summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite,
+                           on_episode=advance, on_resume=resumed,
+                           split=(split or "test") if chosen.selects_tasks and not tasks else None)  # fmt: skip
     _print_summary(summary, out_dir)
     if summary["errors"] and not summary["episodes"]:  # nothing was scored: a script must not read 0% as a result
         err.print(f"[bold red]error:[/] every episode ended in a generation error, e.g.: {counts.get('first_error', '?')}",
@@ -167,7 +149,7 @@ def export_bfcl_command(
     """Write an evaluation run as BFCL result files, so that the official `bfcl evaluate` scores it."""
     import json
 
-    from seal_rl.bfcl_results import export_run
+    from seal_rl.bfcl_results import export_model, export_run
 
     try:
         config = json.loads((run_dir / "config.json").read_text())
@@ -176,13 +158,10 @@ def export_bfcl_command(
         raise SealError(f"{run_dir}/config.json is missing or not a `seal eval` config; export needs the run's call format.") from None
     if config.get("benchmark") == "bfcl-memory":
         from seal_rl import jsonl
-        from seal_rl.bfcl_results import EXPORT_MODELS
         from seal_rl.ood.bfcl_memory import export_memory
 
-        if model is None and call_format not in EXPORT_MODELS:
-            raise SealError(f"No BFCL handler reads the {call_format!r} call format; export hermes or pythonic runs.")
-        records = jsonl.read(run_dir / "results.jsonl").values
-        written = export_memory(records, out_dir, model or EXPORT_MODELS[call_format])
+        model = export_model(call_format, model)
+        written = export_memory(jsonl.read(run_dir / "results.jsonl").values, out_dir, model)
         category = "memory"
     else:
         written = export_run(read_results(run_dir), out_dir, call_format=call_format, model_name=model)

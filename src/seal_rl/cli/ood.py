@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from seal_rl.cli.console import err, out
+from seal_rl.cli.console import err, out, run_progress
 from seal_rl.errors import SealError
 from seal_rl.ood.tau2_bench import Protocol, benchmark_domain, load_tasks, load_tau2
 
@@ -40,35 +39,27 @@ def tau2_eval(benchmark: str, *, policy: str, user: str | None, out_dir: Path, s
               "model_settings": None if policy == "oracle" else {k: getattr(settings, k) for k in
                                                                  ("temperature", "top_p", "max_new_tokens", "dtype")}}  # fmt: skip
     total = len(chosen) * protocol.trials
-    columns = (TextColumn(f"[bold]{benchmark}"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[rate]}"),
-               TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
     counts = {"done": 0, "reward": 0.0, "errors": 0}
     with players(policy, user, settings, prompt_mode=prompt_mode, call_format=call_format, out=out_dir,
                  overwrite=overwrite) as (agent, user_player, precision):  # fmt: skip
         config.update(precision)
-        with Progress(*columns, console=err) as progress:
-            bar = progress.add_task("tau2", total=total, rate="-", errors="")
+        with run_progress(benchmark, "reward", total) as update:
 
             def advance(record: dict) -> None:
                 counts["done"] += 1
                 counts["errors"] += bool(record.get("error"))
                 counts["reward"] += 0.0 if record.get("error") else record["reward"]
                 scored = counts["done"] - counts["errors"]
-                progress.update(bar, advance=1, rate=f"{counts['reward'] / scored:.2f}" if scored else "-",
-                                errors=f"[red]{counts['errors']} errors" if counts["errors"] else "")  # fmt: skip
+                update(rate=f"{counts['reward'] / scored:.2f}" if scored else "-", errors=counts["errors"])
 
             def resumed(done: list[dict]) -> None:
                 err.print(f"resuming {out_dir}: {len(done)} of {total} conversations already done", soft_wrap=True)
                 for record in done:
                     advance(record)
 
-            try:
-                summary = evaluate_tau2(tau2, domain, chosen, out_dir, agent=agent, user=user_player, protocol=protocol,
-                                        config=config, concurrency=concurrency, overwrite=overwrite,
-                                        on_conversation=advance, on_resume=resumed)  # fmt: skip
-            except SealError:
-                progress.update(bar, visible=False)
-                raise
+            summary = evaluate_tau2(tau2, domain, chosen, out_dir, agent=agent, user=user_player, protocol=protocol,
+                                    config=config, concurrency=concurrency, overwrite=overwrite,
+                                    on_conversation=advance, on_resume=resumed)  # fmt: skip
     print_tau2_summary(summary, out_dir)
     if summary["generation_errors"] and not summary["conversations"]:
         err.print("[bold red]error:[/] every conversation ended in a generation error (see 'error' in results.jsonl)")
@@ -104,10 +95,7 @@ def memory_eval(*, policy: str, out_dir: Path, split: str | None, category: list
     scenarios = None if split in (None, "all") else [s.strip() for s in split.split(",") if s.strip()]
     ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     counts = {"done": 0, "passed": 0, "scored": 0, "errors": 0}
-    columns = (TextColumn("[bold]bfcl-memory"), BarColumn(), MofNCompleteColumn(), TextColumn("accuracy {task.fields[rate]}"),
-               TextColumn("{task.fields[errors]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns, console=err) as progress:
-        bar = progress.add_task("memory", total=None, rate="-", errors="")
+    with run_progress("bfcl-memory", "accuracy", None) as update:
 
         def advance(record: dict) -> None:
             counts["done"] += 1
@@ -115,24 +103,16 @@ def memory_eval(*, policy: str, out_dir: Path, split: str | None, category: list
             if not record.get("prereq") and not record.get("error"):
                 counts["scored"] += 1
                 counts["passed"] += record["reward"] == 1.0
-            progress.update(bar, advance=1, rate=f"{counts['passed'] / counts['scored']:.1%}" if counts["scored"] else "-",
-                            errors=f"[red]{counts['errors']} errors" if counts["errors"] else "")  # fmt: skip
+            update(rate=f"{counts['passed'] / counts['scored']:.1%}" if counts["scored"] else "-", errors=counts["errors"])
 
         def resumed(done: list[dict]) -> None:
             err.print(f"resuming {out_dir}: {len(done)} entries already done", soft_wrap=True)
             for record in done:
                 advance(record)
 
-        def entries(total: int) -> None:
-            progress.update(bar, total=total)
-
-        try:
-            summary = evaluate_memory(backends, out_dir, policy=policy, env_config=env_config, settings=settings,
-                                      scenarios=scenarios, ids=ids, overwrite=overwrite, on_episode=advance,
-                                      on_resume=resumed, on_entries=entries)  # fmt: skip
-        except SealError:
-            progress.update(bar, visible=False)
-            raise
+        summary = evaluate_memory(backends, out_dir, policy=policy, env_config=env_config, settings=settings,
+                                  scenarios=scenarios, ids=ids, overwrite=overwrite, on_episode=advance,
+                                  on_resume=resumed, on_entries=lambda total: update(advance=0, total=total))  # fmt: skip
     table = Table("backend", "questions", "passed", "accuracy", "95% CI", title=f"bfcl-memory — {summary['policy']}",
                   caption=f"{summary['prerequisites']} prerequisite conversations played")  # fmt: skip
     for backend, row in summary["backends"].items():

@@ -38,7 +38,7 @@ from typing import Any
 
 from seal_rl import __version__, jsonl
 from seal_rl.bfcl import BFCL_VERSION, import_bfcl
-from seal_rl.bfcl_results import turns_of
+from seal_rl.bfcl_results import result_line, write_result_files
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.evaluate import RESULTS_FILE, SUMMARY_FILE, ModelSettings, _resumable, make_generator, run_precision
@@ -403,23 +403,13 @@ def export_memory(records: Sequence[dict[str, Any]], out: Path, model_name: str)
     utils = import_bfcl("utils")
     by_category: dict[str, list[dict[str, Any]]] = {}
     for record in records:
-        if record.get("prereq"):
-            continue
-        line = {"id": record["task_id"],
-                "result": f"Error during inference: {record['error']}" if record.get("error") else turns_of(record)}  # fmt: skip
-        by_category.setdefault(record["category"], []).append(line)
+        if not record.get("prereq"):
+            by_category.setdefault(record["category"], []).append(result_line(record))
     if not by_category:
         raise SealError("Nothing to export: the run has no memory questions.")
-    written = []
-    for category, lines in sorted(by_category.items()):
-        folder = Path(out) / model_name.replace("/", "_") / utils.get_directory_structure_by_category(category)
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SealError(f"Cannot write {folder}: {exc.strerror}.") from None
-        target = folder / utils.get_file_name_by_category(category, is_result_file=True)
-        partial = target.with_name(target.name + ".partial")
-        partial.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=utils.sort_key)), encoding="utf-8")
-        partial.replace(target)
-        written.append(target)
-    return written
+    folder = Path(out) / model_name.replace("/", "_")
+    return write_result_files({
+        folder / utils.get_directory_structure_by_category(category) / utils.get_file_name_by_category(category, is_result_file=True):
+            sorted(lines, key=utils.sort_key)
+        for category, lines in by_category.items()
+    })  # fmt: skip
