@@ -56,18 +56,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from seal_rl import jsonl
-from seal_rl.diagnose import add_diagnosis
-from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.evaluate import ModelSettings, episode_counts, make_generator
 from seal_rl.families import resolve_auto
-from seal_rl.interface import Interface, InterfaceState
+from seal_rl.interface import InterfaceState
 from seal_rl.policies import parse_policy
+from seal_rl.preflight import play_round
 from seal_rl.reasoning import answer
-from seal_rl.rollout import Budgets, derived_seed, run_episodes
+from seal_rl.rollout import Budgets, derived_seed
 from seal_rl.stats import PairedComparison, paired, wilson
 from seal_rl.tasks import TaskSet
-from seal_rl.tools import ToolCatalog
 from seal_rl.train.prepare import select_tasks
 from seal_rl.train.recipe import SealRecipe, load_recipe
 from seal_rl.trajectory import ChatTokens
@@ -107,19 +106,11 @@ def alone(state: InterfaceState, component: str) -> InterfaceState:
 
 def play(state: InterfaceState, recipe: SealRecipe, env_config: EnvConfig, tasks: list, samples: int, generator: Any,
          chat: ChatTokens, seed: int, on_done=None) -> list[dict[str, Any]]:  # fmt: skip
-    """One arm: every task ``samples`` times under ``state``, as ``SealLoop.rollout`` plays a round; diagnosed."""
-    catalog = ToolCatalog()
-    interface = Interface(env_config.prompt_mode, state, call_format=env_config.call_format, catalog=catalog,
-                          protocol=env_config.protocol, training=True)  # fmt: skip
-    episodes = [(i, task, {"sample": s}) for i, (task, s) in enumerate((t, s) for t in tasks for s in range(samples))]
-    rollouts = run_episodes(
-        episodes, generator, lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat,
-        budgets=Budgets(**recipe.budgets), concurrency=recipe.concurrency, seed=seed, scheduler=recipe.rollout_scheduler,
-        on_done=on_done,
-    )  # fmt: skip
-    for rollout in rollouts:
-        add_diagnosis(rollout.record, recipe.diagnosis.priority)
-    return [r.record for r in rollouts]
+    """One arm: every task ``samples`` times under ``state``, as ``SealLoop.rollout`` plays a round; diagnosed
+    (:func:`seal_rl.preflight.play_round`, what ``seal preflight`` plays)."""
+    return play_round(state, env_config, Budgets(**recipe.budgets), tasks, samples, generator, chat, seed=seed,
+                      concurrency=recipe.concurrency, scheduler=recipe.rollout_scheduler, priority=recipe.diagnosis.priority,
+                      on_done=on_done)  # fmt: skip
 
 
 def measures(records: list[dict[str, Any]]) -> dict[str, Any]:

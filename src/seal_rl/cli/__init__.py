@@ -2,7 +2,7 @@
 
 This module assembles the application from the command groups: ``catalogue`` (``seal tasks``,
 ``seal models``, ``seal templates``), ``evaluation`` (``eval``, ``export-bfcl``, ``report``, ``compare``,
-``diagnose``), ``training`` (``train``, ``plan``, ``sft``) and ``serve``; ``console`` holds what
+``diagnose``), ``training`` (``train``, ``plan``, ``preflight``, ``sft``) and ``serve``; ``console`` holds what
 they share. :func:`entry` is the console script.
 """
 
@@ -52,6 +52,7 @@ app.command("report")(evaluation.report_command)
 app.command("compare")(evaluation.compare_command)
 app.command("train")(training.train_command)
 app.command("plan")(training.plan_command)
+app.command("preflight")(training.preflight_command)
 app.command("sft")(training.sft_command)
 app.command("diagnose")(evaluation.diagnose_command)
 app.command("serve")(serve.serve_command)

@@ -1,5 +1,6 @@
-"""``seal train``, ``seal plan`` and ``seal sft``: train from a recipe, estimate whether it fits,
-and run its supervised warm start alone."""
+"""``seal train``, ``seal plan``, ``seal preflight`` and ``seal sft``: train from a recipe, estimate
+whether it fits, check on one round of rollouts whether it can learn, and run its supervised warm
+start alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seal_rl.cli.console import err, out
+from seal_rl.cli.console import JsonOption, _print_json, err, out, run_progress
 from seal_rl.errors import SealError
 
 def train_command(
@@ -152,3 +153,72 @@ def sft_command(
     summary = sft(recipe, out_dir, sources)
     out.print(f"SFT on {summary['samples']} samples ({summary['assistant_tokens']} assistant tokens), {summary['steps']} steps, "
               f"loss {summary['first_loss']} -> {summary['last_loss']}; model: {summary['model']}")
+
+
+def preflight_command(
+    config: Annotated[Path, typer.Argument(metavar="RECIPE", help="A YAML recipe: a file or a shipped recipe's name (seal train --list-configs).")],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (dotted, repeatable).")] = None,
+    model: Annotated[str | None, typer.Option(help="Play this model directory (or pulled model) instead of the recipe's, without its warm start.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", "-o", help="Where the round's episodes, the warm start and preflight.json go (default: runs/preflight/RECIPE).")] = None,
+    tasks: Annotated[int, typer.Option(help="Tasks in the round (0: the recipe's grpo.tasks_per_step).")] = 0,
+    samples: Annotated[int, typer.Option(help="Episodes per task (0: the recipe's grpo.num_generations).")] = 0,
+    backend: Annotated[str, typer.Option(help="Rollout engine: auto (vLLM when grpo.use_vllm and vLLM is installed, else transformers) | hf | vllm.")] = "auto",
+    spread_warn: Annotated[float, typer.Option(help="Warn when fewer than this share of groups have a reward spread (none fails).")] = 0.25,
+    format_warn: Annotated[float, typer.Option(help="Warn when the interface moves completion-budget endings or the accepted-call share by more than this.")] = 0.10,
+    budget_warn: Annotated[float, typer.Option(help="Warn when fewer than this share of the training ground truths fit the budgets (none fails).")] = 0.75,
+    json_output: JsonOption = False,
+) -> None:
+    """Say whether a recipe's run can learn, before it is spent: one round of real rollouts, no update.
+
+    Checks the memory estimate on this machine, the ground truths within the budgets, the groups with a
+    reward spread (under the recipe's reward and the other one, on the same episodes) and what the
+    interface the recipe would use next costs the tool-call format (paired against the base interface).
+    Each check is ok / warn / fail with what to change; exit 1 when one fails (a run that cannot learn).
+    """
+    import sys
+    from contextlib import contextmanager, redirect_stdout
+
+    from rich.markup import escape
+
+    from seal_rl.preflight import Thresholds, preflight
+    from seal_rl.train import load_recipe
+
+    if backend not in ("auto", "hf", "vllm"):
+        raise SealError(f"Unknown --backend {backend!r}; choose one of: auto, hf, vllm.")
+    for name, value in (("--spread-warn", spread_warn), ("--format-warn", format_warn), ("--budget-warn", budget_warn)):
+        if not 0.0 <= value <= 1.0:
+            raise SealError(f"{name} is a share between 0 and 1, got {value}.")
+    recipe = load_recipe(config, overrides or [])
+    out_dir = out_dir or Path("runs") / "preflight" / Path(str(config)).stem
+
+    @contextmanager
+    def progress(arm: str, total: int):
+        done = {"episodes": 0, "ok": 0.0}
+        with run_progress(arm, "success", total) as update:
+
+            def advance(rollout) -> None:
+                done["episodes"] += 1
+                done["ok"] += rollout.record["reward"] == 1.0
+                update(rate=f"{done['ok'] / done['episodes']:.0%}")
+
+            yield advance
+
+    with redirect_stdout(sys.stderr):  # what libraries print on import (DeepSpeed's accelerator line) stays off stdout
+        report = preflight(recipe, out_dir, model=model, tasks=tasks, samples=samples, backend=backend,
+                           thresholds=Thresholds(spread=spread_warn, format_cost=format_warn, budgets=budget_warn),
+                           say=lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True), progress=progress)  # fmt: skip
+    if json_output:
+        _print_json(report)
+    else:
+        colours = {"ok": "green", "warn": "yellow", "fail": "red"}
+        table = Table("check", "verdict", "measured", "what to change", title=f"seal preflight: {config}")
+        for check in report["checks"]:
+            table.add_row(check["name"], f"[{colours[check['verdict']]}]{check['verdict']}[/]", escape(check["number"]), escape(check["advice"]))
+        out.print(table)
+        reasons = ", ".join(f"{k} {v}" for k, v in report["end_reasons"].items())
+        played = ", ".join(f"{arm} {s:.0f} s" for arm, s in report["seconds"].items())
+        out.print(f"round 1: {len(report['tasks'])} tasks x {report['samples']} samples at T={report['temperature']} on {report['backend']}; "
+                  f"ended: {reasons}; played: {played}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+        out.print(f"verdict: {report['verdict']} ({out_dir}/preflight.json)", markup=False, highlight=False, soft_wrap=True)
+    if report["verdict"] == "fail":
+        raise typer.Exit(1)

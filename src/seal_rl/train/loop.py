@@ -406,6 +406,10 @@ class SealLoop:
         for name, value in scalar_metrics(metrics).items():  # to every report_to backend at TRL's next log
             trainer._metrics["train"][name].append(value)
         CONSOLE.print(round_summary(metrics, self._round_interface, self.state.interface), highlight=False, soft_wrap=True)
+        if self.nothing_to_learn and round_index == 1:
+            CONSOLE.print("round 1 had nothing to learn: no group's rewards differ, so its update changes nothing. "
+                          "`seal preflight RECIPE` plays one round without training and says which reward or setting "
+                          "gives a spread (docs/preflight.md).", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
