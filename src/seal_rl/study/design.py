@@ -23,11 +23,12 @@ from seal_rl.tasks import CATEGORIES, TaskSet
 
 BASELINE = "vanilla-grpo"
 """the arm the others are compared with when the study file names none"""
-KEYS = {"recipe", "rounds", "arms", "baseline", "held_out", "test"}
+KEYS = {"recipe", "rounds", "arms", "baseline", "held_out", "test", "plan"}
 REQUIRED = ("recipe", "rounds", "arms", "held_out", "test")
 ARM_KEYS = {"recipe", "seeds", "set"}
 TEST_KEYS = {"tasks", "per_category", "max_new_tokens", "arms", "engine"}
 ENGINES = ("hf", "vllm")
+PLAN_KEYS = {"model", "gpus", "gpu_memory"}
 
 
 def study_name(study: str | Path) -> str:
@@ -40,10 +41,12 @@ def study_name(study: str | Path) -> str:
 
 
 def load_study(study: str | Path, recipe: str | None = None, overrides: list[str] | tuple[str, ...] = (),
-               task_set: TaskSet | None = None) -> dict[str, Any]:  # fmt: skip
+               task_set: TaskSet | None = None, planning: bool = False) -> dict[str, Any]:  # fmt: skip
     """The study file ``study`` (a path or a shipped study's name), checked: every problem is one
     :class:`SealError` naming the file and what is wrong. ``recipe`` replaces the file's training
-    recipe (``seal study --recipe``); ``overrides`` are the ``--set`` of every run."""
+    recipe (``seal study --recipe``); ``overrides`` are the ``--set`` of every run. ``planning``
+    (``seal study --plan``): the file's ``plan.model`` (a ``seal plan`` preset, no weights) stands in
+    for the model unless ``overrides`` set ``model.path``."""
     path = studies.resolve(study)
     where = str(study)
     try:
@@ -59,7 +62,15 @@ def load_study(study: str | Path, recipe: str | None = None, overrides: list[str
     design.setdefault("baseline", BASELINE)
     if recipe:
         design["recipe"] = recipe
-    check_design(design, where, list(overrides), task_set or TaskSet.load())
+    hardware = design.setdefault("plan", {})
+    if not isinstance(hardware, dict):
+        raise SealError(f"{where}: plan is a mapping with {', '.join(sorted(PLAN_KEYS))}, got {hardware!r}.")
+    _known(where, "plan.", hardware, PLAN_KEYS)
+    overrides = list(overrides)
+    if planning and "model" in hardware and not any(o.startswith("model.path=") for o in overrides):
+        overrides.insert(0, f"model.path={hardware['model']}")
+    check_design(design, where, overrides, task_set or TaskSet.load())
+    design["overrides"] = overrides
     return design
 
 
@@ -146,7 +157,7 @@ def narrow_to_pilot(design: dict[str, Any]) -> dict[str, Any]:
             "rounds": 1, "held_out": [], "test": {**design["test"], "arms": []}}  # fmt: skip
 
 
-def test_tasks(test: dict[str, Any], task_set: TaskSet) -> list[str]:
+def tasks_on_test(test: dict[str, Any], task_set: TaskSet) -> list[str]:
     """The study's test tasks: its ``tasks``, or the real-model baseline's, the first ``per_category``
     of each category (docs/real-models.md)."""
     if "tasks" in test:
