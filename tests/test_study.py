@@ -102,9 +102,11 @@ def test_every_arm_is_trained_and_measured_on_held_out_and_test_tasks(study):
     assert "Writing model shards" not in stdout and (out / "seal-full" / "seed0.log").stat().st_size > 0  # each run's output in its log
     records = out.parent / "out-records"
     assert sorted(p.name for p in records.iterdir()) == sorted(f"{arm}-seed{seed}.json" for arm in summary["arms"] for seed in SEEDS)
-    vanilla = json.loads((records / "vanilla-grpo-seed1.json").read_text())  # a tiny start: no warm start to test
-    assert vanilla["entry"] == summary["arms"]["vanilla-grpo"]["seeds"][1] and len(vanilla["test"]) == 4
-    assert vanilla["start"] == {"model": "tiny", "warm_start": False, "sha256": None} and vanilla["costs"]["vanilla-grpo/seed1/train"] > 0
+    vanilla = json.loads((records / "vanilla-grpo-seed0.json").read_text())  # a tiny start: no warm start to test
+    assert vanilla["entry"] == summary["arms"]["vanilla-grpo"]["seeds"][0] and len(vanilla["test"]) == 4
+    later = json.loads((records / "vanilla-grpo-seed1.json").read_text())  # the shared start's round 0 is the first run's
+    assert later["entry"]["held_out_rounds"] == [1, 2] and summary["arms"]["vanilla-grpo"]["seeds"][1]["held_out_rounds"] == [0, 1, 2]
+    assert vanilla["start"] == {"model": "tiny", "warm_start": False, "sha256": None} and vanilla["costs"]["vanilla-grpo/seed0/train"] > 0
     page = (out / "report.html").read_text()
     assert page.count("<table>") == 4 and "data:image/png;base64," in page and (out / "curves.png").stat().st_size > 10_000
     assert "<td>seal-full</td><td>0,1</td><td>2,2</td>" in page  # the table's rows, in the page
@@ -240,7 +242,7 @@ def test_the_report_reads_a_study_in_progress_and_trains_nothing(study, tmp_path
 
     design, finished, _ = study
     out = tmp_path / "out"
-    shutil.copytree(finished / "vanilla-grpo", out / "vanilla-grpo")
+    shutil.copytree(finished / "vanilla-grpo" / "seed0", out / "vanilla-grpo" / "seed0")  # seed 1 not started
     metrics = out / "vanilla-grpo" / "seed0" / "metrics.jsonl"
     kept = [line for line in metrics.read_text().splitlines() if json.loads(line).get("round", 0) <= 1]
     metrics.write_text("\n".join(kept) + "\n" + '{"round": 2, "kind": "rollo')  # and a torn line, as a kill leaves it
