@@ -415,3 +415,45 @@ def test_the_second_cpu_study_s_records_give_its_tables_back_byte_for_byte(tmp_p
     assert (tmp_path / "report" / "interim" / "table.md").read_bytes() == (REFERENCE / "interim-table.md").read_bytes()
     assert {p.name: p.read_bytes() for p in RECORDS.iterdir()} == before  # the records are read, never rewritten
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == ["curves.png", "report.html", "summary.json", "table.md"]  # no run, no test, no record
+
+
+# -- the paper's Table 1 on a GPU node: seal study --plan -------------------------------------------
+
+
+def test_the_plan_of_table_1_is_seal_plan_s_for_each_arm(monkeypatch, capsys):
+    """``seal study paper-table1 --plan``: each arm's memory, micro-batch and time per round are what
+    ``seal plan`` prints for that arm's recipe on 8 x 80 GB, and the study's GPU-hours are theirs
+    times 72 rounds x 3 seeds x 8 GPUs."""
+    import re
+
+    from seal_rl.study import load_study
+    from seal_rl.study.plan import plan_arms
+    from tests.test_cli import run_cli
+
+    design = load_study("paper-table1", planning=True)
+    assert list(design["arms"]) == ["vanilla-grpo", "seal", "no-interface", "no-reweighting", "static-weights"]
+    assert all(spec["seeds"] == [0, 1, 2] for spec in design["arms"].values()) and design["test"]["per_category"] == 100
+    plans = {p.arm: p for p in plan_arms(design, design["recipe"], design["overrides"])}
+    for arm, recipe in (("vanilla-grpo", "vanilla-grpo"), ("static-weights", "static-weights")):
+        code, text, _ = run_cli(monkeypatch, capsys, "plan", "--config", recipe, "--gpus", "8", "--gpu-memory", "80",
+                                "--set", "model.path=preset:qwen2.5-7b")  # fmt: skip
+        assert code == 0, text
+        total = float(re.search(r"^\s+total\s+([\d.]+)", text, re.M).group(1))
+        minutes = float(re.search(r"per round <= ([\d.]+) min", text).group(1))
+        assert f"{plans[arm].memory_gib:.2f}" == f"{total:.2f}" and f"{plans[arm].seconds_per_round / 60:.1f}" == f"{minutes:.1f}"
+        assert f"micro-batch {plans[arm].micro_batch}" in text and "72 rounds" in text and plans[arm].fits
+    code, text, _ = run_cli(monkeypatch, capsys, "study", "paper-table1", "--plan")
+    assert code == 0, text
+    hours = sum(p.seconds_per_round * 72 * 3 * 8 / 3600 for p in plans.values())
+    assert f"study: {hours:.0f} GPU-hours ({hours / 8:.0f} h on 8 GPUs)" in text
+
+
+def test_the_plan_exits_1_naming_an_arm_that_does_not_fit(monkeypatch, capsys, tmp_path):
+    from tests.test_cli import run_cli
+
+    yaml_text = (ROOT / "src" / "seal_rl" / "studies" / "paper-table1.yaml").read_text()
+    small = yaml_text.replace("gpu_memory: 80", "gpu_memory: 16").replace("gpus: 8", "gpus: 1")
+    path = tmp_path / "small.yaml"
+    path.write_text(small)
+    code, text, _ = run_cli(monkeypatch, capsys, "study", str(path), "--plan")
+    assert code == 1 and "vanilla-grpo does not fit: training needs" in text, text
