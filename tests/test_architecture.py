@@ -12,12 +12,12 @@ import json
 from .test_layout import import_graph
 
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["seal_rl", "errors", "extras", "jsonl", "limits", "stats", "runlock", "bfcl", "stops", "models", "recipes", "reasoning", "families", "precision", "trajectory"]),
+    ("base", ["seal_rl", "errors", "extras", "jsonl", "limits", "stats", "runlock", "bfcl", "stops", "models", "recipes", "studies", "reasoning", "families", "precision", "trajectory"]),
     ("benchmark", ["tasks", "tools", "protocol", "backends", "bfcl_results", "faults"]),
     ("seal", ["apatch", "credit", "diagnose", "profile", "interface"]),
     ("environment", ["verify", "env", "differential", "parity"]),
     ("agents", ["rollout", "policies", "generators", "budgets"]),
-    ("learning", ["evaluate", "ood", "prefix_tree", "sft", "templates", "tiny", "train", "plan", "fit", "preflight"]),
+    ("learning", ["evaluate", "ood", "prefix_tree", "sft", "templates", "tiny", "train", "plan", "fit", "preflight", "study"]),
     ("front ends", ["report", "service", "integrations", "cli", "__main__"]),
 ]
 ORDER = [f"seal_rl.{name}" if name != "seal_rl" else name for _, names in LAYERS for name in names]

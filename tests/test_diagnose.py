@@ -343,7 +343,7 @@ def test_an_unclosed_tool_call_block_under_the_bfcl_protocol_is_an_invalid_tool_
 
 
 def test_turn_measures_count_passed_turns_and_accepted_call_messages(task_set):
-    """The study's per-turn measures (benchmarks/bench_real_study.py): the oracle passes every turn and
+    """The study's per-turn measures (seal_rl.study.records): the oracle passes every turn and
     every message that writes a ``<tool_call>`` block was an accepted call; a turn answered in plain text is
     the one turn that fails, with its label, and its message is not a call."""
     from seal_rl.evaluate import episode_counts, turn_measures

@@ -2,7 +2,7 @@
 
 This module assembles the application from the command groups: ``catalogue`` (``seal tasks``,
 ``seal models``, ``seal templates``), ``evaluation`` (``eval``, ``export-bfcl``, ``report``, ``compare``,
-``diagnose``), ``training`` (``train``, ``plan``, ``preflight``, ``sft``) and ``serve``; ``console`` holds what
+``diagnose``), ``training`` (``train``, ``plan``, ``preflight``, ``sft``), ``study`` (``seal study``) and ``serve``; ``console`` holds what
 they share. :func:`entry` is the console script.
 """
 
@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.cli import catalogue, evaluation, serve, training
+from seal_rl.cli import catalogue, evaluation, serve, study, training
 from seal_rl.cli.console import err, out
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.extras import missing_extra_message
@@ -53,6 +53,7 @@ app.command("compare")(evaluation.compare_command)
 app.command("train")(training.train_command)
 app.command("plan")(training.plan_command)
 app.command("preflight")(training.preflight_command)
+app.command("study")(study.study_command)
 app.command("sft")(training.sft_command)
 app.command("diagnose")(evaluation.diagnose_command)
 app.command("serve")(serve.serve_command)

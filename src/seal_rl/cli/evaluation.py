@@ -173,9 +173,27 @@ def export_bfcl_command(
 
 
 def report_command(
-    run_dir: Annotated[Path, typer.Argument(help="An evaluation or training run directory.")],
+    run_dir: Annotated[Path, typer.Argument(help="An evaluation or training run directory, or a study's (seal study --out).")],
 ) -> None:
-    """Write RUN/report.html: a self-contained page with tables, charts and a trajectory browser."""
+    """Write RUN/report.html: a self-contained page with tables, charts and a trajectory browser.
+
+    On a study's directory: its page (the tables and learning curves of seal study) from its
+    summary.json, beside it (OUT/report.html, or OUT/interim/report.html while runs are left).
+    """
+    from seal_rl.study.page import study_summary
+
+    summary = study_summary(run_dir)
+    if summary is not None:
+        import io
+        import json
+
+        from rich.console import Console
+
+        from seal_rl.study.page import write_page
+
+        target = write_page(json.loads(summary.read_text(encoding="utf-8")), summary.parent, Console(file=io.StringIO()))
+        out.print(f"report: {target} ({target.stat().st_size / 2**20:.1f} MiB)")
+        return
     from seal_rl.report import write_report
 
     target = write_report(run_dir)
