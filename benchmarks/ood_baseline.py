@@ -10,13 +10,14 @@ greedy, ``--dtype auto``, the hermes format in ``bfcl_qwen_fc`` mode. Conversati
 cap only saves time; a conversation that reaches it scores 0, as at 200).
 
 Runs go to ``--out/MODEL--BENCHMARK`` and resume when interrupted (re-run the same command). The
-table gives the score with its 95% Wilson interval, how conversations ended, the failure profile's
+table (printed, and as Markdown in ``--out/table.md``) gives the score with its 95% Wilson interval, how conversations ended, the failure profile's
 top labels (docs/diagnosis.md, "OOD runs") and the wall time per conversation, beside the paper's
 figures (Qwen2.5-7B-Instruct on 8 GPUs, not comparable in scale: the reference for what a run is
 for).
 
 Usage: python benchmarks/ood_baseline.py [--per-domain 4] [--memory-scenario notetaker] [--max-steps 30]
-       [--max-new-tokens 128] [--concurrency 4] [--only MODEL] [--out runs/ood-baseline]
+       [--max-new-tokens 128] [--concurrency 4] [--only MODEL] [--benchmarks B,...] [--out runs/ood-baseline]
+       [--table-only]
 (``make ood-baseline``; the models must be pulled: ``make models``).
 """
 
@@ -74,6 +75,11 @@ def summarise(run: Path, benchmark: str, seconds: float) -> dict:
             "seconds_per_conversation": seconds / max(1, len(records))}  # fmt: skip
 
 
+def call_problems(profile: dict) -> str:
+    calls = profile.get("calls") or {}
+    return ", ".join(f"{kind} {count}" for kind, count in calls.items() if count) or "none"
+
+
 def labels(profile: dict) -> str:
     top = [(label, count) for label, count in (profile.get("labels") or {}).items() if label != "pass" and count]
     return ", ".join(f"{label} {count}" for label, count in sorted(top, key=lambda x: -x[1])[:3]) or "—"
@@ -89,13 +95,15 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run only agents whose name contains this")
     parser.add_argument("--benchmarks", default=",".join((*TAU2, "bfcl-memory")))
     parser.add_argument("--out", type=Path, default=Path("runs/ood-baseline"))
+    parser.add_argument("--table-only", action="store_true", help="print the table of the runs so far; play nothing")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(160, Console().width))
     missing = [m for m in {*AGENTS, USER} if pulled_path(m) is None]
     if missing:
         console.print(f"[yellow]not pulled: {', '.join(missing)} (run `make models`); nothing measured[/]")
         return 0
-    table = Table("agent", "benchmark", "score", "95% CI", "endings", "top failure labels", "s / conversation", "paper (7B)",
+    rows: list[tuple[str, ...]] = []
+    table = Table("agent", "benchmark", "score", "95% CI", "endings", "top failure labels", "call problems", "s / conversation", "paper (7B)",
                   title=f"OOD baseline: τ² first {args.per_domain} test tasks per domain (user {USER}, max {args.max_steps} steps), "
                         f"BFCL V4 memory kv '{args.memory_scenario}'; greedy, max {args.max_new_tokens} new tokens")  # fmt: skip
     for agent in AGENTS:
@@ -104,10 +112,13 @@ def main() -> int:
         for benchmark in args.benchmarks.split(","):
             run = args.out / f"{agent}--{benchmark}"
             timing = run / "seconds.json"
+            if args.table_only and not (run / "summary.json").exists():
+                continue
             started = time.perf_counter()
-            done = subprocess.run(command(agent, benchmark, args, run))
-            if done.returncode not in (0, 1):  # 1: every conversation a generation error (in the table)
-                return done.returncode
+            if not args.table_only:
+                done = subprocess.run(command(agent, benchmark, args, run))
+                if done.returncode not in (0, 1):  # 1: every conversation a generation error (in the table)
+                    return done.returncode
             spent = time.perf_counter() - started
             previous = json.loads(timing.read_text())["seconds"] if timing.exists() else 0.0
             if spent > 30:  # a resumed run that found everything done keeps the first measurement
@@ -116,9 +127,15 @@ def main() -> int:
             s = summarise(run, benchmark, seconds)
             endings = ", ".join(f"{k} {v}" for k, v in sorted(s["endings"].items(), key=lambda x: -x[1])) or "—"
             paper = PAPER["bfcl-memory" if benchmark == "bfcl-memory" else "tau2"]
-            table.add_row(agent, benchmark, f"{s['wins']}/{s['n']}", f"{s['ci'][0]:.0%}–{s['ci'][1]:.0%}", endings, labels(s["profile"]),
-                          f"{s['seconds_per_conversation']:.0f}", paper)  # fmt: skip
+            rows.append((agent, benchmark, f"{s['wins']}/{s['n']}", f"{s['ci'][0]:.0%}–{s['ci'][1]:.0%}", endings, labels(s["profile"]),
+                         call_problems(s["profile"]), f"{s['seconds_per_conversation']:.0f}", paper))  # fmt: skip
+            table.add_row(*rows[-1])
     console.print(table)
+    columns = [str(c.header) for c in table.columns]
+    markdown = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}", *(f"| {' | '.join(row)} |" for row in rows)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text("\n".join(markdown) + "\n", encoding="utf-8")
+    console.print(f"table: {args.out / 'table.md'}", highlight=False)
     return 0
 
 
