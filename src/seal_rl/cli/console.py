@@ -50,6 +50,16 @@ def run_progress(label: str, metric: str, total: int | None) -> Iterator[Callabl
             raise
 
 
+def print_shipped(kind: str, what: str, names: list[str], describe: Callable[[str], str]) -> None:
+    """The ``--list`` table of shipped files (recipes, studies): each name and its opening sentence."""
+    from rich.table import Table
+
+    table = Table(kind, what, box=None)
+    for name in names:
+        table.add_row(name, describe(name))
+    out.print(table)
+
+
 def load_tokenizer(model: str) -> Any:
     """The tokenizer of a model directory or a pulled model's name; a one-line error otherwise."""
     from transformers import AutoTokenizer

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seal_rl.cli.console import out
+from seal_rl.cli.console import out, print_shipped
 from seal_rl.errors import SealError
 
 
@@ -37,10 +37,7 @@ def study_command(
     from seal_rl import studies
 
     if list_studies:
-        table = Table("study", "what it asks", box=None)
-        for name in studies.names():
-            table.add_row(name, studies.describe(name))
-        out.print(table)
+        print_shipped("study", "what it asks", studies.names(), studies.describe)
         return
     if study is None:
         raise SealError("seal study needs a STUDY: a study file or a shipped study's name (seal study --list).")

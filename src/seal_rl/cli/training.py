@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from seal_rl.cli.console import JsonOption, _print_json, err, out, run_progress
+from seal_rl.cli.console import JsonOption, _print_json, err, out, print_shipped, run_progress
 from seal_rl.errors import SealError
 
 def train_command(
@@ -33,10 +33,7 @@ def train_command(
     from seal_rl.train import load_recipe, train
 
     if list_configs:
-        table = Table("recipe", "what it is", box=None)
-        for name in recipes.names():
-            table.add_row(name, recipes.describe(name))
-        out.print(table)
+        print_shipped("recipe", "what it is", recipes.names(), recipes.describe)
         return
     if resume is not None:
         if not (resume / "config.yaml").exists():

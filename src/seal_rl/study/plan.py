@@ -48,15 +48,15 @@ def plan_arms(design: dict[str, Any], recipe_name: str, overrides: list[str]) ->
     hardware = design.get("plan", {})
     gpus, memory = int(hardware.get("gpus", GPUS)), float(hardware.get("gpu_memory", GPU_MEMORY))
     shared = run_overrides(design, recipe_name, overrides)
+
+    def planned(recipe: Any) -> Any:
+        return estimate(recipe, gpus=gpus, gpu_memory_gb=memory, strategy="zero3", assumptions=Assumptions())
+
     plans = []
     for arm, spec in design["arms"].items():
         if not spec["seeds"]:
             continue
         recipe = load_recipe(recipe_name, [*shared, *arm_overrides(spec["recipe"]), *map(str, spec.get("set", []))])
-
-        def planned(r):
-            return estimate(r, gpus=gpus, gpu_memory_gb=memory, strategy="zero3", assumptions=Assumptions())
-
         if recipe.grpo.per_device_train_batch_size == AUTO:
             recipe = with_micro_batch(recipe, choose_micro_batch(recipe, gpus, planned).size)
         plan = planned(recipe)

@@ -42,9 +42,6 @@ def held_out_records(curves: dict, seed: int, task_set: TaskSet) -> list[dict]:
     return [{"task_id": t, "category": task_set.get(t).category, "reward": r, "sample": seed} for t, r in final.items()]
 
 
-# -- records: what of a run outlives its machine -------------------------------------------------
-
-
 def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict, kept: dict) -> dict:
     """Per arm, its seeds' entries (from their records in ``kept``, else from their run directories),
     pooled outcomes and comparisons with the baseline."""
@@ -79,7 +76,3 @@ def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test
     for entry in arms.values():  # records are kept in the run directories, not in the summary
         entry.pop("held_out"), entry.pop("test")
     return {"warm_start": warm, "arms": arms, "baseline": study["baseline"]}
-
-
-# -- the table, the picture, the page ------------------------------------------------------------
-
