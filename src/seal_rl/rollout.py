@@ -88,6 +88,10 @@ class Generation:
     """the sampled token's log-probability, aligned with ``token_ids`` (vLLM)"""
     end_turn: bool | None = None
     """a recorded turn boundary to replay (``bfcl-result:`` files; see ``BfclEnv.step``)"""
+    weight_versions: tuple[int, int] | None = None
+    """the policy weight versions a generation server held when the request was sent and when its
+    answer came back (:mod:`seal_rl.generators.vllm_server`; they differ when a weight sync paused it
+    half-way); None: the generator runs the trainer's own weights"""
     error: str | None = None
     """set when no message could be generated (server down, retries exhausted): the episode ends
     with ``end_reason="generation_error"`` and is excluded from success rates, not failed"""
@@ -427,6 +431,8 @@ def _advance(state: _Active, generation: Generation | None, chat: ChatTokens | N
         state.extra = {**state.extra, "error": generation.error}
         env.truncate("generation_error")
         return
+    if generation.weight_versions is not None:  # one [sent, answered] pair per model message
+        state.extra = {**state.extra, "weight_versions": [*state.extra.get("weight_versions", []), list(generation.weight_versions)]}
     before = list(env.messages)
     action: str | Message = generation.text
     if state.trajectory is not None:

@@ -58,6 +58,7 @@ app.command("sft")(training.sft_command)
 app.command("diagnose")(evaluation.diagnose_command)
 app.command("serve")(serve.serve_command)
 app.command("serve-openenv")(serve.serve_openenv_command)
+app.command("rollout-server")(serve.rollout_server_command)
 
 
 def entry() -> None:

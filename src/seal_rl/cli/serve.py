@@ -74,3 +74,22 @@ def serve_openenv_command(
         err.print(f"warning: OpenEnv's server has no authentication; anyone who reaches {host}:{port} can play episodes "
                   "(`seal serve` has a bearer token).")  # fmt: skip
     uvicorn.run(create_bfcl_app(max_sessions), host=host, port=port, log_level="warning")
+
+
+def rollout_server_command(
+    model: Annotated[str, typer.Argument(help="The model to serve: a directory or a pulled model's name (seal models list); "
+                                              "the trainer's weights replace it at the first sync.")],
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind (the trainer's nodes must reach it; the dev routes have no auth).")] = "127.0.0.1",
+    dtype: Annotated[str | None, typer.Option(help="vLLM's dtype (default: the checkpoint's, as the trainer loads it).")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest sequence (default: the model's).")] = None,
+    nccl: Annotated[bool, typer.Option("--nccl", help="Open vLLM's NCCL weight transfer (server.weight_sync: nccl; GPUs only).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command and its environment instead of running it.")] = False,
+    vllm_args: Annotated[list[str] | None, typer.Argument(help="More `vllm serve` options, after --.")] = None,
+) -> None:
+    """Start a generation server for `generator: server` training: `vllm serve` with what seal's
+    weight sync and importance correction need (docs/training.md, "Generation servers")."""
+    from seal_rl.generators.server_launch import launch
+
+    launch(model, port=port, host=host, dtype=dtype, max_model_len=max_model_len, nccl=nccl, dry_run=dry_run,
+           extra=vllm_args or [])  # fmt: skip

@@ -13,6 +13,7 @@ builds both (:mod:`seal_rl.train.run`).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import Counter
@@ -35,10 +36,11 @@ from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
 from seal_rl.interface import Interface, InterfaceState, evolve
 from seal_rl.profile import CapabilityProfile, EpisodeLabels
-from seal_rl.rollout import Budgets, DriverStats, derived_seed, run_episodes
+from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
-from seal_rl.train.recipe import SealRecipe, interface_config
+from seal_rl.train.async_rounds import AsyncRounds, staleness_summary, task_order
+from seal_rl.train.recipe import SealRecipe, interface_config, samples_per_task
 from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
 from seal_rl.train.samples import REWARD_FIELDS, trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
@@ -133,6 +135,14 @@ class SealLoop:
         self.rounds_played = 0
         """rounds this process has played (``state.round`` counts from the run's start, checkpoints included)"""
         self.validation = list(validation)
+        self.train_tasks: list[Task] = []
+        """the training tasks (asynchronous rounds draw their own order of them)"""
+        self.server: Any = None
+        """``generator: server``: the :class:`~seal_rl.generators.vllm_server.VLLMServerGenerator` (run.py builds it)"""
+        self.server_check: Any = None
+        """``generator: server``: the check that the servers agree with the trainer, run at the first round"""
+        self.producer: AsyncRounds | None = None
+        """``staleness`` ≥ 1: the producer of groups, started at the first round"""
         self.best_validation = _best_validation(out)
         self._chat: ChatTokens | None = None
 
@@ -209,29 +219,18 @@ class SealLoop:
         if self.rounds_played:  # the previous round's update ran in this process (a resumed one has none to book)
             self.timing["optimisation"] += started - self._round_started
             self.print_update()
+        if self.server_check is not None:  # TRL has just pushed the weights to the servers for the first time
+            self.server_check()
+            self.server_check = None
         self.rounds_played += 1
         self.state.round += 1
         round_index = self.state.round
-        interface = Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
-                              catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
-        generator = self._generator(trainer)
         per_episode = self.recipe.turn_samples if self.recipe.layout == "turn" else 1
         chat = self.chat(trainer).for_turns() if self.recipe.layout == "turn" else self.chat(trainer)
-        # TRL repeats each task num_generations x per_episode times in a row: one episode per block
-        episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts[::per_episode])]
-        stats = DriverStats()
-        with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
-            rollouts = run_episodes(
-                episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
-                budgets=self.budgets, concurrency=self.recipe.concurrency,
-                seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
-                scheduler=self.recipe.rollout_scheduler,
-            )  # fmt: skip
-        if hasattr(generator, "close"):  # lockstep generators serve the other ranks until all are done
-            generator.close()
-        self.timing["generation"] += stats.generation
-        self.timing["environment"] += stats.environment
-        self._round_driver = stats.summary()  # this rank's; logged by the main rank
+        if self.recipe.staleness:
+            rollouts = self._take_groups(trainer, chat, len(prompts) // per_episode, round_index)
+        else:
+            rollouts = self._play_round(trainer, chat, prompts[::per_episode], round_index)
 
         began = time.perf_counter()
         local = []
@@ -285,6 +284,74 @@ class SealLoop:
             output["seal_turn_weights"] = [self._turn_weights(r.record) for r in rollouts for _ in range(per_episode)]
         return output
 
+    def _interface(self) -> Interface:
+        """The training-time interface Ω_t of the current state (SEAL §3.3)."""
+        return Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
+                         catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
+
+    def _play_round(self, trainer: Any, chat: ChatTokens, prompts: list[Any], round_index: int) -> list[Rollout]:
+        """On-policy: play the round's episodes now, one per prompt TRL handed over (its task id)."""
+        interface = self._interface()
+        generator = self._generator(trainer)
+        # TRL repeats each task num_generations x per_episode times in a row: one episode per block
+        episodes = [(i, self.task_set.get(p[-1]["content"]), {"round": round_index}) for i, p in enumerate(prompts)]
+        stats = DriverStats()
+        with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
+            rollouts = run_episodes(
+                episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
+                budgets=self.budgets, concurrency=self.recipe.concurrency,
+                seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
+                scheduler=self.recipe.rollout_scheduler,
+            )  # fmt: skip
+        if hasattr(generator, "close") and generator is not self.server:  # lockstep generators serve the other ranks until all are done
+            generator.close()
+        self.timing["generation"] += stats.generation
+        self.timing["environment"] += stats.environment
+        self._round_driver = stats.summary()  # this rank's; logged by the main rank
+        return rollouts
+
+    def _take_groups(self, trainer: Any, chat: ChatTokens, episodes: int, round_index: int) -> list[Rollout]:
+        """Asynchronous rounds (``staleness`` ≥ 1): the round's groups from the producer, which plays
+        ahead on the generation servers (:mod:`seal_rl.train.async_rounds`)."""
+        size = samples_per_task(self.recipe) // (self.recipe.turn_samples if self.recipe.layout == "turn" else 1)
+        if self.producer is None:
+            self.producer = self._start_producer(trainer, chat, size, episodes // size, first_group=(round_index - 1) * (episodes // size))
+        groups, taken = self.producer.take(episodes // size)
+        self.timing["rollout_wait"] += taken.waited
+        rollouts = []
+        for group in groups:
+            for r in group.rollouts:
+                record = {**r.record, "index": len(rollouts), "round": round_index, "group": group.index}
+                rollouts.append(Rollout(len(rollouts), record, r.trajectory, r.seconds_env))
+        self._round_driver = {"scheduler": "asynchronous", **staleness_summary(taken)}
+        return rollouts
+
+    def _start_producer(self, trainer: Any, chat: ChatTokens, size: int, per_round: int, first_group: int) -> AsyncRounds:
+        """The producer of this rank's groups: ``size`` episodes each, ``per_round`` groups a round,
+        group numbers from ``first_group`` (a resumed run goes on where its rounds left the order)."""
+        rank, world = _rank(trainer), trainer.accelerator.num_processes
+        generator = self.server
+
+        def play(group: int) -> list[Rollout]:
+            task = task_order(self.train_tasks, self.recipe.grpo.seed, group, rank, world)
+            interface, started_in = self._interface(), self.state.round  # the interface of the round it starts in
+            episodes = [(i, task, {"round": started_in}) for i in range(size)]
+            return run_episodes(episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog),
+                                chat=copy.copy(chat), budgets=self.budgets, concurrency=size,
+                                seed=derived_seed(self.recipe.grpo.seed, "group", group, rank), scheduler="continuous")  # fmt: skip
+
+        return AsyncRounds(play, lambda: generator.version, staleness=self.recipe.staleness,
+                           groups_per_round=per_round, workers=max(1, self.recipe.concurrency // size),
+                           first_group=first_group)  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the producer of asynchronous rounds and the generation servers' client."""
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
+        if self.server is not None:
+            self.server.close()
+
     def _labels(self, record: dict[str, Any]) -> list[str]:
         if self.apatch.preset == "reference":
             return record["reference_labels"]
@@ -321,6 +388,8 @@ class SealLoop:
             return _import_factory(self.recipe.generator)(trainer)
         if self.recipe.generator == "vllm":
             return VLLMGenerator(trainer)
+        if self.recipe.generator == "server":
+            return self.server
         model = trainer.accelerator.unwrap_model(trainer.model)
         return HFGenerator(model, trainer.processing_class, temperature=self.recipe.grpo.temperature,
                            top_p=self.recipe.grpo.top_p, max_batch=self.recipe.generation_batch,

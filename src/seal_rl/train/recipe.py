@@ -203,7 +203,18 @@ class SealRecipe:
     warning); ``true`` refuses a model that cannot be packed. See docs/training.md"""
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
-    or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
+    ``server`` (one or more ``vllm serve`` generation servers on GPUs of their own: the ``server``
+    section), or ``module:function`` naming a factory ``(trainer) -> Generator`` (custom backends, tests)"""
+    server: dict[str, Any] = field(default_factory=dict)
+    """``generator: server``: the servers' ``urls``, ``weight_sync`` (auto | reload | nccl), ``balance``,
+    ``weights_dir``, ``timeout``, ``max_retries``, ``concurrency``, ``check_tolerance``
+    (:class:`~seal_rl.generators.vllm_server.ServerConfig`; docs/training.md, "Generation servers")"""
+    staleness: int = 0
+    """asynchronous rounds: 0 plays every round on-policy after the update before it (the paper's);
+    k >= 1 lets the generation servers play up to k rounds ahead of the update (AReaL's admission),
+    drops groups more than k weight versions old, and corrects each token by TRL's importance ratio
+    against the log-probability it was sampled with. Needs ``generator: server`` and
+    ``grpo.vllm_importance_sampling_correction: true`` (docs/training.md, "Asynchronous rounds")"""
     reward: str = "binary"
     """what GRPO's advantages are computed from: ``binary`` (the paper's: 1 when every user turn
     passes the official checks, else 0) or ``progress`` (Environment Tuning's: the share of user
@@ -334,8 +345,9 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError(f"Group-relative advantages need >= 2 rollouts per task; got num_generations={g.num_generations}.")
     if g.tasks_per_step % g.tasks_per_update:
         raise SealError(f"tasks_per_step ({g.tasks_per_step}) must be a multiple of tasks_per_update ({g.tasks_per_update}).")
-    if recipe.generator not in ("hf", "vllm") and ":" not in recipe.generator:
-        raise SealError(f"Unknown generator {recipe.generator!r}; expected 'hf', 'vllm' or 'module:function'.")
+    if recipe.generator not in ("hf", "vllm", "server") and ":" not in recipe.generator:
+        raise SealError(f"Unknown generator {recipe.generator!r}; expected 'hf', 'vllm', 'server' or 'module:function'.")
+    _check_servers(recipe)
     if recipe.generator == "vllm" and not g.use_vllm:
         raise SealError("generator: vllm needs grpo.use_vllm: true.")
     if g.use_vllm and g.vllm_mode != "colocate":
@@ -368,6 +380,30 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("rollout_scheduler continuous cannot run with grpo.vllm_tensor_parallel_size > 1 (the TP group's "
                         "ranks must call the engine together); choose rollout_scheduler: lockstep (or auto).")  # fmt: skip
     check_report_to(g.report_to)
+
+
+def _check_servers(recipe: SealRecipe) -> None:
+    """``generator: server`` and ``staleness``: the server section builds, and the pairs that cannot run together."""
+    from seal_rl.generators.vllm_server import ServerConfig
+
+    if isinstance(recipe.staleness, bool) or not isinstance(recipe.staleness, int) or recipe.staleness < 0:
+        raise SealError(f"staleness must be a whole number >= 0 (0: on-policy rounds; k: generation up to k rounds ahead), "
+                        f"got {recipe.staleness!r}.")  # fmt: skip
+    if recipe.generator != "server":
+        if recipe.server:
+            raise SealError(f"The server section is for generator: server (this recipe's generator is {recipe.generator!r}); "
+                            "set generator: server or remove it.")  # fmt: skip
+        if recipe.staleness:
+            raise SealError(f"staleness {recipe.staleness} needs generator: server: generation can run ahead of the update "
+                            "only on servers of its own (a colocated engine shares the trainer's GPUs).")  # fmt: skip
+        return
+    _section("server", ServerConfig, recipe.server)
+    if recipe.grpo.use_vllm:
+        raise SealError("generator: server generates on the servers: set grpo.use_vllm: false (no colocated engine).")
+    if recipe.staleness and not recipe.grpo.vllm_importance_sampling_correction:
+        raise SealError(f"staleness {recipe.staleness} trains on tokens sampled by older weights: set "
+                        "grpo.vllm_importance_sampling_correction: true (TRL's TIS/MIS correction against each token's "
+                        "sampling log-probability).")  # fmt: skip
 
 
 def episodes_per_window(recipe: SealRecipe) -> int:
@@ -406,6 +442,9 @@ def planned_scheduler(recipe: SealRecipe) -> str:
     chosen = recipe.rollout_scheduler
     if chosen == "lockstep":
         return "lockstep (ticks: every active episode waits for the slowest message)"
+    if recipe.generator == "server":
+        ahead = f"; asynchronous, up to {recipe.staleness} round(s) ahead of the update" if recipe.staleness else "; on-policy rounds"
+        return f"continuous (each episode's requests go straight to the {len(recipe.server.get('urls', []))} generation server(s){ahead})"
     if recipe.generator not in ("hf", "vllm"):
         return f"{chosen}: continuous if the {recipe.generator} generator has add/step" + (", else lockstep" if chosen == "auto" else "")
     if recipe.generator == "vllm" and recipe.grpo.vllm_tensor_parallel_size > 1:

@@ -214,6 +214,13 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         if g.use_vllm:
             vllm_cpu.install_weight_sync(trainer.vllm_generation, loop.timing)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
+        loop.train_tasks = list(tasks)
+        if recipe.generator == "server":
+            from seal_rl.generators.vllm_server import ServerConfig
+            from seal_rl.train.server_sync import attach_servers
+
+            attach_servers(trainer, loop, ServerConfig(**recipe.server), out, _say)
+            held.callback(loop.close)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
