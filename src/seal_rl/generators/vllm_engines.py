@@ -207,11 +207,11 @@ class VLLMGenerator:
         from trl.generation import vllm_generation as trl_vllm  # the classes TRL's engine was built with
 
         e = self.engine
-        return trl_vllm.SamplingParams(
-            n=1, repetition_penalty=e.repetition_penalty, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k,
-            min_p=0.0 if e.min_p is None else e.min_p, max_tokens=budget, logprobs=e.logprobs,
-            seed=None if self.cpu else seed, **{"stop_token_ids": sorted(self.chat.stops.ids), **e.generation_kwargs},
-        )  # fmt: skip
+        settings = {"n": 1, "repetition_penalty": e.repetition_penalty, "temperature": e.temperature, "top_p": e.top_p,
+                    "top_k": e.top_k, "min_p": 0.0 if e.min_p is None else e.min_p, "logprobs": e.logprobs,
+                    "stop_token_ids": sorted(self.chat.stops.ids)}  # fmt: skip
+        # generation_kwargs override TRL's settings, as in TRL's own sampling params (a repeated keyword would raise)
+        return trl_vllm.SamplingParams(**{**settings, **e.generation_kwargs}, max_tokens=budget, seed=None if self.cpu else seed)
 
     def _run(self, items: list[tuple[list[int], int, int]], call_seed: int) -> list[Generation | None]:
         from trl.generation import vllm_generation as trl_vllm

@@ -6,8 +6,9 @@ playing groups (one task, ``num_generations`` episodes) on the generation server
 trainer updates, and each round takes the groups that are ready:
 
 * **admission** (AReaL, Fu et al. 2025, §5.1): a new group starts only while
-  ``started − dropped < (k + r + 1) · B`` — ``r`` the rounds taken so far, ``B`` the groups a
-  round takes — so nothing is generated more than k rounds ahead of the update that will use it;
+  ``started − dropped < (k + u + 1) · B`` — ``u`` the weight updates the servers have received
+  since the producer started, ``B`` the groups a round takes — so nothing is generated more than k
+  updates ahead of the one that will train on it;
 * **dropping**: each model message records the weight versions it ran under
   (:attr:`~seal_rl.rollout.Generation.weight_versions`); a ready group whose oldest message was
   sent more than k versions before the servers' current one is dropped and counted, never trained on;
@@ -26,6 +27,7 @@ prompts then only say how many groups a round takes.
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 import time
@@ -87,13 +89,15 @@ class AsyncRounds:
     """
 
     def __init__(self, play: Callable[[int], list[Rollout]], version: Callable[[], int], *, staleness: int,
-                 groups_per_round: int, workers: int, first_group: int = 0, rounds_taken: int = 0) -> None:  # fmt: skip
+                 groups_per_round: int, workers: int, first_group: int = 0, poll: float = 0.05) -> None:  # fmt: skip
         if staleness < 1:
             raise SealError(f"AsyncRounds needs staleness >= 1 (0 plays rounds on-policy, without a producer), got {staleness}.")
         self.play, self.version = play, version
         self.staleness, self.per_round, self.workers = staleness, groups_per_round, max(1, workers)
         self.next_group = first_group
-        self.rounds_taken = rounds_taken
+        self.first_version = version()
+        self.poll = poll
+        """seconds between looks at the servers' weight version while admission is closed"""
         self.started = self.dropped = 0
         self.running = 0
         self.ready: list[Group] = []
@@ -106,12 +110,14 @@ class AsyncRounds:
 
     def capacity(self) -> int:
         """Groups that may still start (AReaL's rule); called under the lock."""
-        return (self.staleness + self.rounds_taken + 1) * self.per_round - (self.started - self.dropped)
+        updates = self.version() - self.first_version
+        return (self.staleness + updates + 1) * self.per_round - (self.started - self.dropped)
 
     def _produce(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or (self.capacity() > 0 and self.running < self.workers))
+                while not (self._stop or (self.capacity() > 0 and self.running < self.workers)):
+                    self._cond.wait(self.poll)  # a sync raises the version without telling: look again
                 if self._stop:
                     return
                 index = self.next_group
@@ -158,11 +164,21 @@ class AsyncRounds:
                     continue
                 stats.staleness[behind] += 1
                 taken.append(group)
-            self.rounds_taken += 1
             stats.ahead = len(self.ready) + self.running
             self._cond.notify_all()
         stats.waited = time.perf_counter() - began
         return taken, stats
+
+    def take_rollouts(self, n: int, round_index: int) -> tuple[list[Rollout], TakeStats]:
+        """:meth:`take`'s groups as one round's rollouts, numbered in order, each record with the
+        round that trains on it and its group."""
+        groups, stats = self.take(n)
+        rollouts: list[Rollout] = []
+        for group in groups:
+            for r in group.rollouts:
+                record = {**r.record, "index": len(rollouts), "round": round_index, "group": group.index}
+                rollouts.append(Rollout(len(rollouts), record, r.trajectory, r.seconds_env))
+        return rollouts, stats
 
     def close(self) -> None:
         """Stop starting groups; groups in flight are abandoned (their threads end with the generator)."""
@@ -170,6 +186,26 @@ class AsyncRounds:
             self._stop = True
             self._cond.notify_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def group_player(loop: Any, chat: Any, size: int, rank: int, world: int) -> Callable[[int], list[Rollout]]:
+    """``play(g)`` for a :class:`~seal_rl.train.loop.SealLoop`: this rank's group ``g`` — ``size``
+    episodes of its task (:func:`task_order`) on the loop's generation servers, under the interface
+    of the round in which it starts (recorded as ``interface_round``), seeded by (seed, g, rank)."""
+    from seal_rl.env import BfclEnv
+    from seal_rl.rollout import run_episodes
+
+    seed = loop.recipe.grpo.seed
+
+    def play(group: int) -> list[Rollout]:
+        task = task_order(loop.train_tasks, seed, group, rank, world)
+        interface, started_in = loop._interface(), loop.state.round
+        episodes = [(i, task, {"interface_round": started_in}) for i in range(size)]
+        return run_episodes(episodes, loop.server, lambda: BfclEnv(loop.env_config, interface, catalog=loop.catalog),
+                            chat=copy.copy(chat), budgets=loop.budgets, concurrency=size,  # chat.tools is set per episode
+                            seed=derived_seed(seed, "group", group, rank), scheduler="continuous")  # fmt: skip
+
+    return play
 
 
 def staleness_summary(stats: TakeStats) -> dict[str, Any]:

@@ -13,7 +13,6 @@ builds both (:mod:`seal_rl.train.run`).
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from seal_rl.profile import CapabilityProfile, EpisodeLabels
 from seal_rl.rollout import Budgets, DriverStats, Rollout, derived_seed, run_episodes
 from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
-from seal_rl.train.async_rounds import AsyncRounds, staleness_summary, task_order
+from seal_rl.train.async_rounds import AsyncRounds, group_player, staleness_summary
 from seal_rl.train.recipe import SealRecipe, interface_config, samples_per_task
 from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
 from seal_rl.train.samples import REWARD_FIELDS, trl_sample, turn_samples
@@ -135,14 +134,12 @@ class SealLoop:
         self.rounds_played = 0
         """rounds this process has played (``state.round`` counts from the run's start, checkpoints included)"""
         self.validation = list(validation)
-        self.train_tasks: list[Task] = []
-        """the training tasks (asynchronous rounds draw their own order of them)"""
+        self.train_tasks: list[Task] = []  # asynchronous rounds draw their own order of them
+        # generator: server (seal_rl.train.server_sync): the servers' generator, the check of what they serve
+        # (run at the first round), and under staleness >= 1 the producer of groups (seal_rl.train.async_rounds)
         self.server: Any = None
-        """``generator: server``: the :class:`~seal_rl.generators.vllm_server.VLLMServerGenerator` (run.py builds it)"""
         self.server_check: Any = None
-        """``generator: server``: the check that the servers agree with the trainer, run at the first round"""
         self.producer: AsyncRounds | None = None
-        """``staleness`` ≥ 1: the producer of groups, started at the first round"""
         self.best_validation = _best_validation(out)
         self._chat: ChatTokens | None = None
 
@@ -314,43 +311,15 @@ class SealLoop:
         """Asynchronous rounds (``staleness`` ≥ 1): the round's groups from the producer, which plays
         ahead on the generation servers (:mod:`seal_rl.train.async_rounds`)."""
         size = samples_per_task(self.recipe) // (self.recipe.turn_samples if self.recipe.layout == "turn" else 1)
-        if self.producer is None:
-            self.producer = self._start_producer(trainer, chat, size, episodes // size, first_group=(round_index - 1) * (episodes // size))
-        groups, taken = self.producer.take(episodes // size)
+        per_round = episodes // size
+        if self.producer is None:  # a resumed run goes on where its rounds left the task order
+            play = group_player(self, chat, size, _rank(trainer), trainer.accelerator.num_processes)
+            self.producer = AsyncRounds(play, lambda: self.server.version, staleness=self.recipe.staleness, groups_per_round=per_round,
+                                        workers=max(1, self.recipe.concurrency // size), first_group=(round_index - 1) * per_round)  # fmt: skip
+        rollouts, taken = self.producer.take_rollouts(per_round, round_index)
         self.timing["rollout_wait"] += taken.waited
-        rollouts = []
-        for group in groups:
-            for r in group.rollouts:
-                record = {**r.record, "index": len(rollouts), "round": round_index, "group": group.index}
-                rollouts.append(Rollout(len(rollouts), record, r.trajectory, r.seconds_env))
         self._round_driver = {"scheduler": "asynchronous", **staleness_summary(taken)}
         return rollouts
-
-    def _start_producer(self, trainer: Any, chat: ChatTokens, size: int, per_round: int, first_group: int) -> AsyncRounds:
-        """The producer of this rank's groups: ``size`` episodes each, ``per_round`` groups a round,
-        group numbers from ``first_group`` (a resumed run goes on where its rounds left the order)."""
-        rank, world = _rank(trainer), trainer.accelerator.num_processes
-        generator = self.server
-
-        def play(group: int) -> list[Rollout]:
-            task = task_order(self.train_tasks, self.recipe.grpo.seed, group, rank, world)
-            interface, started_in = self._interface(), self.state.round  # the interface of the round it starts in
-            episodes = [(i, task, {"round": started_in}) for i in range(size)]
-            return run_episodes(episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog),
-                                chat=copy.copy(chat), budgets=self.budgets, concurrency=size,
-                                seed=derived_seed(self.recipe.grpo.seed, "group", group, rank), scheduler="continuous")  # fmt: skip
-
-        return AsyncRounds(play, lambda: generator.version, staleness=self.recipe.staleness,
-                           groups_per_round=per_round, workers=max(1, self.recipe.concurrency // size),
-                           first_group=first_group)  # fmt: skip
-
-    def close(self) -> None:
-        """Stop the producer of asynchronous rounds and the generation servers' client."""
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
-        if self.server is not None:
-            self.server.close()
 
     def _labels(self, record: dict[str, Any]) -> list[str]:
         if self.apatch.preset == "reference":
@@ -441,7 +410,7 @@ class SealLoop:
                                               strict=True):  # fmt: skip
             rows.append({
                 "round": record["round"], "step": trainer.state.global_step, "task_id": record["task_id"],
-                "group": f"{record['round']}:{record['task_id']}",
+                "group": f"{record['round']}:{record['task_id']}" + (f":{record['group']}" if "group" in record else ""),
                 "category": record["category"], "reward": record["reward"], "progress": record["progress"],
                 "end_reason": record["end_reason"],
                 "dropped": record.get("dropped"),
@@ -450,6 +419,7 @@ class SealLoop:
                 "advantage_before": a, "advantage_after": b, "turn_outcomes": turn_outcomes(record), "turn_advantages": term,
                 "messages": record["messages"], "steps": record["steps"],
                 "trace": record["trace"], "verdict": record["verdict"], "diagnosis": record["diagnosis"],
+                **{k: record[k] for k in ("weight_versions", "interface_round") if k in record},
             })  # fmt: skip
         rows = _gather(trainer, rows)
         self.nothing_to_learn = nothing_to_learn(rows, self.recipe.reward, self.recipe.credit, self.recipe.credit_weight)

@@ -217,10 +217,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         loop.train_tasks = list(tasks)
         if recipe.generator == "server":
             from seal_rl.generators.vllm_server import ServerConfig
-            from seal_rl.train.server_sync import attach_servers
+            from seal_rl.train.server_sync import attach_servers, detach_servers
 
             attach_servers(trainer, loop, ServerConfig(**recipe.server), out, _say)
-            held.callback(loop.close)
+            held.callback(detach_servers, loop)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)

@@ -181,3 +181,12 @@ def attach_servers(trainer: Any, loop: Any, config: Any, out: Path, say: Any) ->
                 f"({loop.timing['weight_sync']:.1f}s); served log-probabilities within {gap:.2g} of the trainer's")  # fmt: skip
 
     loop.server, loop.server_check = generator, check
+
+
+def detach_servers(loop: Any) -> None:
+    """At the end of a run (or a failure): stop the producer of asynchronous rounds, close the client."""
+    if loop.producer is not None:
+        loop.producer.close()
+        loop.producer = None
+    if loop.server is not None:
+        loop.server.close()
