@@ -597,7 +597,7 @@ def test_the_paper_recipe_on_eight_gpus_splits_four_and_four_but_not_two_and_six
     assert out.count("fits (") == 1 and out.count("does not fit") == 0
     assert "generation servers (4 of 8 GPUs): 4 x vLLM, tensor parallel 1" in out
     assert "training GPUs (4 of 8), memory per GPU" in out and "available: 80 GiB - 3 GiB overhead" in out
-    assert "colocated on 8 GPUs (micro-batch 8)" in out and "is faster by" in out
+    assert "colocated on 8 GPUs (micro-batch 8)" in out and "  -> at the recipe's staleness 0: " in out and "     with staleness >= 1: " in out
     assert out.startswith("seal plan: ") and "training GPUs: micro-batch: auto -> " in out
 
 

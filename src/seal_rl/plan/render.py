@@ -98,16 +98,17 @@ def render_split(split: Split, budgets: str | None = None) -> str:
         f"  split, staleness >= 1: max(generation {_duration(generation)}, update {_duration(update)}) + sync {_seconds(sync)} = "
         f"{_duration(split.asynchronous_seconds)}" + (mine if split.staleness >= 1 else ""),
     ]  # fmt: skip
-    ours = split.seconds_per_round
-    run = f"{rounds} rounds <= {_duration(rounds * ours)}"
-    if c is not None:
-        theirs = c.seconds_per_round
-        faster, ratio = ("split", theirs / ours) if ours < theirs else ("colocated", ours / theirs)
-        run += f" against {_duration(rounds * theirs)} colocated"
-        lines.append(f"  -> {faster} is faster by {ratio:.2f}x: {_duration(ours)} split (staleness {split.staleness}) against "
-                     f"{_duration(theirs)} colocated per round; {run}")  # fmt: skip
+    rounds_line = f"{rounds} rounds <= {_duration(rounds * split.seconds_per_round)}"
+    if c is None:
+        lines.append(f"  -> split at the recipe's staleness {split.staleness}: {_duration(split.seconds_per_round)} per round; {rounds_line}")
     else:
-        lines.append(f"  -> split (staleness {split.staleness}): {_duration(ours)} per round; {run}")
+        rounds_line += f" against {_duration(rounds * c.seconds_per_round)} colocated"
+        modes = [("staleness 0", split.synchronous_seconds), ("staleness >= 1", split.asynchronous_seconds)]
+        if split.staleness >= 1:
+            modes.reverse()
+        (_, ours), (other, theirs) = modes
+        lines.append(f"  -> at the recipe's staleness {split.staleness}: {_faster(ours, c.seconds_per_round)}; {rounds_line}")
+        lines.append(f"     with {other}: {_faster(theirs, c.seconds_per_round)}")
     lines += [
         "",
         *_assumption_lines(plan, [
@@ -127,7 +128,15 @@ def render_split(split: Split, budgets: str | None = None) -> str:
 
 
 def _seconds(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 120 else _duration(seconds)
+    """Short times (the weight sync) with their decimals; long ones as :func:`_duration`."""
+    return f"{seconds:.2f} s" if seconds < 10 else _duration(seconds)
+
+
+def _faster(split: float, colocated: float) -> str:
+    """Which of a split round and a colocated round is faster, and by how much."""
+    if split < colocated:
+        return f"the split is faster by {colocated / split:.2f}x ({_duration(split)} against {_duration(colocated)} colocated per round)"
+    return f"colocated is faster by {split / colocated:.2f}x ({_duration(colocated)} against {_duration(split)} split per round)"
 
 
 def _header(plan: Plan, hardware: str, budgets: str | None, per: str) -> list[str]:
