@@ -134,9 +134,12 @@ def _seconds(seconds: float) -> str:
 
 def _faster(split: float, colocated: float) -> str:
     """Which of a split round and a colocated round is faster, and by how much."""
+    def exact(seconds: float) -> str:  # whole seconds below an hour, so that close rounds still differ
+        return f"{seconds:.0f} s" if seconds < 3600 else _duration(seconds)
+
     if split < colocated:
-        return f"the split is faster by {colocated / split:.2f}x ({_duration(split)} against {_duration(colocated)} colocated per round)"
-    return f"colocated is faster by {split / colocated:.2f}x ({_duration(colocated)} against {_duration(split)} split per round)"
+        return f"the split is faster by {colocated / split:.2f}x ({exact(split)} against {exact(colocated)} colocated per round)"
+    return f"colocated is faster by {split / colocated:.2f}x ({exact(colocated)} against {exact(split)} split per round)"
 
 
 def _header(plan: Plan, hardware: str, budgets: str | None, per: str) -> list[str]:
