@@ -516,6 +516,9 @@ def test_the_split_adds_up_from_pieces_computed_here():
     assert split.training.gpus == 4 and split.training.vllm is None
     assert split.training.training_budget == int(80 * GiB) - int(3 * GiB)
     assert not [line for line in split.training.memory if line.name.startswith("hf ")]
+    states = {line.name.split(" (")[0]: line.bytes for line in split.training.memory[:4]}
+    shard = -(-QWEN7B // 4)  # ZeRO-3 over the 4 training GPUs, mixed bf16: 2 + 2 + 12 bytes, and the bf16 reference
+    assert states == {"weights": 2 * shard, "gradients": 2 * shard, "optimizer state": 12 * shard, "reference model": 2 * shard}
     assert (split.generation_seconds, split.update_seconds, split.sync_seconds) == pytest.approx((generation, update, sync), rel=1e-9)
     assert split.staleness == 0 and split.seconds_per_round == pytest.approx(generation + update + sync, rel=1e-9)
     # the training GPUs hold what 4 colocated GPUs' training side holds, without the engine's 0.4 share

@@ -391,10 +391,10 @@ def forward_flops_per_token(shape: ModelShape, sequence: int) -> float:
 
 
 def decode_tokens_per_s(vllm: VLLMPlan, mean_context: int, assumptions: Assumptions) -> float:
-    """Decode throughput per GPU of a colocated engine (see :func:`_roofline`): it runs as many
-    sequences as its KV cache holds at ``mean_context`` tokens each (at most its concurrent
-    sequences); under tensor parallelism every GPU reads its shard and the engine's tokens are
-    shared by its GPUs."""
+    """Decode throughput per GPU of a vLLM engine, colocated or a generation server (see
+    :func:`_roofline`): it runs as many sequences as its KV cache holds at ``mean_context`` tokens
+    each (at most its concurrent sequences); under tensor parallelism every GPU reads its shard and
+    the engine's tokens are shared by its GPUs."""
     running = max(1, min(vllm.concurrent_sequences, vllm.kv_tokens // max(1, mean_context)))
     engine = _roofline(vllm.weights, running, mean_context, vllm.kv_bytes_per_token_per_gpu, assumptions)
     return engine / vllm.tensor_parallel
