@@ -533,11 +533,14 @@ def test_the_split_adds_up_from_pieces_computed_here():
     assert eight.seconds_per_round == pytest.approx(colocated_update + 256 * 4096 / colocated_rate, rel=1e-9)
 
 
+SERVER_SETTINGS = ["generator=server", "grpo.use_vllm=false", "grpo.vllm_importance_sampling_correction=true",
+                   "server.urls=[http://nodeA:8000,http://nodeA:8001]"]  # fmt: skip
+
+
 def test_staleness_one_costs_the_longer_phase_not_both():
     from seal_rl.plan import estimate_split, render_split
 
-    recipe = load_recipe(PAPER, PAPER_SETTINGS)
-    recipe.staleness = 1  # the recipe field comes with generator: server; set here whether or not it exists yet
+    recipe = load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS, "staleness=1"])
     split = estimate_split(recipe, gpus=8, server_gpus=4, gpu_memory_gb=80, num_tasks=400)
     generation, update, sync = split.generation_seconds, split.update_seconds, split.sync_seconds
     assert min(generation, update) > 10 * sync > 0
@@ -548,6 +551,23 @@ def test_staleness_one_costs_the_longer_phase_not_both():
     (line,) = [line for line in text.splitlines() if "<- the recipe's" in line]
     assert line.startswith("  split, staleness >= 1: max(") and "(staleness 1)" in line
     assert text.splitlines()[-1].startswith("fits (") and "staleness  1 (asynchronous" in text
+    on_policy = estimate_split(load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS]), gpus=8, server_gpus=4, gpu_memory_gb=80,
+                               num_tasks=400)  # fmt: skip
+    assert on_policy.staleness == 0 and on_policy.seconds_per_round == pytest.approx(generation + update + sync, rel=1e-12)
+
+
+def test_a_server_recipe_is_compared_with_its_colocated_vllm_run():
+    """generator: server sets grpo.use_vllm: false; the comparison plans the same recipe with TRL's
+    colocated engine (not transformers' generate), as the recipe without a server section runs today."""
+    from seal_rl.plan import estimate_split
+
+    split = estimate_split(load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS, "staleness=1"]), gpus=8, server_gpus=4,
+                           gpu_memory_gb=80, num_tasks=400)  # fmt: skip
+    today = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "grpo.vllm_importance_sampling_correction=true"]), gpus=8,
+                     gpu_memory_gb=80, num_tasks=400)  # fmt: skip
+    assert split.colocated.vllm is not None and not [line for line in split.colocated.memory if line.name.startswith("hf ")]
+    assert split.colocated.seconds_per_round == today.seconds_per_round
+    assert split.colocated.training_bytes == today.training_bytes
 
 
 def test_servers_take_the_fewest_gpus_that_hold_the_weights_and_one_sequence():

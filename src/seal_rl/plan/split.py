@@ -26,6 +26,7 @@ receivers (NCCL's performance notes, ``nccl-tests/doc/PERFORMANCE.md``), at the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -156,7 +157,7 @@ def estimate_split(
                         num_tasks=num_tasks, server_tokens_per_s=servers.tokens_per_s)  # fmt: skip
 
     def colocated(r: SealRecipe) -> Plan:
-        return estimate(r, gpus=gpus, gpu_memory_gb=gpu_memory_gb, strategy=strategy, assumptions=assumptions, shape=shape,
+        return estimate(colocated_recipe(r), gpus=gpus, gpu_memory_gb=gpu_memory_gb, strategy=strategy, assumptions=assumptions, shape=shape,
                         num_tasks=num_tasks)  # fmt: skip
 
     try:
@@ -171,6 +172,17 @@ def estimate_split(
     return Split(gpus=gpus, servers=servers, training=training, colocated=together, colocated_error=error,
                  staleness=staleness, sync_bytes=shape.parameters * VLLM_DTYPE_BYTES, training_choice=training_choice,
                  colocated_choice=together_choice)  # fmt: skip
+
+
+def colocated_recipe(recipe: SealRecipe) -> SealRecipe:
+    """The recipe as today's colocated run would have it: a ``generator: server`` recipe (which sets
+    ``grpo.use_vllm: false``, as no engine shares its training GPUs) gets TRL's colocated engine back,
+    with no server section and on-policy rounds; any other recipe is planned as it is."""
+    if getattr(recipe, "generator", "") != "server":
+        return recipe
+    changes = {"generator": "vllm", "grpo": dataclasses.replace(recipe.grpo, use_vllm=True)}
+    changes.update({name: value for name, value in (("server", {}), ("staleness", 0)) if hasattr(recipe, name)})
+    return dataclasses.replace(recipe, **changes)
 
 
 def _with_micro_batch(recipe: SealRecipe, processes: int, plan_of) -> tuple[Plan, str]:
@@ -190,8 +202,13 @@ def size_servers(
     in vLLM 0.30); the size must also divide M, so that every server GPU serves.
 
     Each training process is taken to keep ``concurrency`` episodes in flight, spread evenly over the
-    servers (at most the round's episodes); the decode roofline runs as many of them as the cache holds.
+    servers (at most the round's episodes), and at most ``server.concurrency`` requests at one server
+    (its HTTP client's connections per server, :class:`~seal_rl.generators.vllm_server.ServerConfig`);
+    the decode roofline runs as many of them as the cache holds.
     """
+    from seal_rl.generators.vllm_server import ServerConfig
+
+    per_process = (getattr(recipe, "server", None) or {}).get("concurrency", ServerConfig.__dataclass_fields__["concurrency"].default)
     sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
     mean_context = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"] // 2
     episodes = recipe.grpo.tasks_per_step * recipe.grpo.num_generations
@@ -202,7 +219,8 @@ def size_servers(
     def engine(tp: int) -> VLLMPlan:
         count = server_gpus // tp
         return vllm_engine(shape, tensor_parallel=tp, utilization=utilization, budget=int(utilization * gpu_memory),
-                           overhead=overhead, max_model_len=sequence, concurrent_sequences=math.ceil(in_flight / count))  # fmt: skip
+                           overhead=overhead, max_model_len=sequence,
+                           concurrent_sequences=min(math.ceil(in_flight / count), trainers * per_process))  # fmt: skip
 
     for tp in range(1, server_gpus + 1):
         if server_gpus % tp or shape.num_attention_heads % tp:
