@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen2C
 from seal_rl.errors import SealError
 from seal_rl.plan import (
     PRESETS,
+    Assumptions,
     Precision,
     backbone_activation_bytes,
     estimate,
@@ -451,3 +452,179 @@ def test_a_bad_micro_batch_is_one_error_line(monkeypatch, capsys, value):
                            "--set", f"grpo.per_device_train_batch_size={value}", "--gpus", "4", "--gpu-memory", "80")  # fmt: skip
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "grpo.per_device_train_batch_size must be a positive number of samples or auto" in err
+
+
+# -- seal plan --server-gpus: generation servers on their own GPUs --------------------------------
+
+QWEN7B = 7_615_616_512  # Qwen2.5-7B-Instruct's parameters (the model card's 7.61B; the count checked above)
+QWEN7B_MATMUL = QWEN7B - 152064 * 3584  # without the embedding lookup (untied: the LM head stays)
+QWEN7B_KV = 2 * 28 * 4 * 128 * 2  # bytes per token: K and V x 28 layers x 4 kv heads x 128 x bf16
+H100 = {"hbm": 3.35e12, "efficiency": 0.5, "peak": 989e12, "mfu": 0.35}  # Assumptions' defaults
+
+
+def _golden(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parent / "plan-golden" / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [
+        ("paper-4x80", [*[w for s in PAPER_SETTINGS for w in ("--set", s)], "--gpus", "4", "--gpu-memory", "80"]),
+        ("paper-auto-8x80", ["--set", "model.path=preset:qwen2.5-7b", "--gpus", "8", "--gpu-memory", "80"]),
+        ("paper-4x24", [*[w for s in PAPER_SETTINGS for w in ("--set", s)], "--gpus", "4", "--gpu-memory", "24"]),
+    ],
+)
+def test_no_server_gpus_leaves_the_output_byte_identical(monkeypatch, capsys, name, args):
+    """tests/plan-golden holds seal plan's output from before --server-gpus existed (main at fd2f87c)."""
+    for extra in ([], ["--server-gpus", "0"]):
+        code, out, err = run_cli(monkeypatch, capsys, "plan", "--config", PAPER, *args, *extra)
+        assert code == (1 if name == "paper-4x24" else 0) and err == ""
+        assert out == _golden(name)
+
+
+def _decode_rate(weights: int, running: int, context: int, kv_per_token: int) -> float:
+    """tokens/s of one engine at the bandwidth roofline (Pope et al. 2022, §2), written out here."""
+    step_seconds = (weights + running * context * kv_per_token) / (H100["hbm"] * H100["efficiency"])
+    return running / step_seconds
+
+
+def test_the_split_adds_up_from_pieces_computed_here():
+    """Paper recipe, micro-batch 1, 8 x 80 GiB, 4 server GPUs: every number rebuilt from the model's
+    published shape, vLLM's memory rule and the two rooflines, not from the planner's functions."""
+    from seal_rl.plan import GiB, estimate_split
+
+    recipe = load_recipe(PAPER, PAPER_SETTINGS)
+    split = estimate_split(recipe, gpus=8, server_gpus=4, gpu_memory_gb=80, num_tasks=400)
+    # servers: 7.6B bf16 weights fit one 80 GiB GPU at vLLM's 0.92, so 4 servers of one GPU each
+    budget, weights, overhead = int(0.92 * 80 * GiB), 2 * QWEN7B, int(1.5 * GiB)
+    kv_tokens = (budget - weights - overhead) // QWEN7B_KV
+    assert (split.servers.count, split.servers.engine.tensor_parallel) == (4, 1)
+    assert (split.servers.engine.weights, split.servers.engine.kv_tokens) == (weights, kv_tokens)
+    in_flight = min(32 * 8, 4 * 64) // 4  # 256 episodes, 4 trainers x concurrency 64, over 4 servers
+    context = 8192 + 4096 // 2
+    running = min(in_flight, kv_tokens // context)
+    fleet = 4 * _decode_rate(weights, running, context, QWEN7B_KV)
+    assert split.servers.tokens_per_s == pytest.approx(fleet, rel=1e-9)
+    generation = 256 * 4096 / fleet  # 256 episodes at their 4,096-token completion budget
+    # training: 4 GPUs, the whole 80 GiB less the 3 GiB allowance (no engine), micro-batch 1 forwards 256 x 12,288 tokens
+    flops_per_token = 2 * QWEN7B_MATMUL + 2 * 28 * (8192 + 4096) * 28 * 128
+    forwards = 3 + 1 + 1 + 1  # forward and backward, recompute, old log-probs (4 updates a round), reference (beta > 0)
+    update = 256 * 12288 * forwards * flops_per_token / (4 * H100["peak"] * H100["mfu"])
+    sync = 2 * QWEN7B / 50e9
+    assert split.training.gpus == 4 and split.training.vllm is None
+    assert split.training.training_budget == int(80 * GiB) - int(3 * GiB)
+    assert not [line for line in split.training.memory if line.name.startswith("hf ")]
+    states = {line.name.split(" (")[0]: line.bytes for line in split.training.memory[:4]}
+    shard = -(-QWEN7B // 4)  # ZeRO-3 over the 4 training GPUs, mixed bf16: 2 + 2 + 12 bytes, and the bf16 reference
+    assert states == {"weights": 2 * shard, "gradients": 2 * shard, "optimizer state": 12 * shard, "reference model": 2 * shard}
+    assert (split.generation_seconds, split.update_seconds, split.sync_seconds) == pytest.approx((generation, update, sync), rel=1e-9)
+    assert split.staleness == 0 and split.seconds_per_round == pytest.approx(generation + update + sync, rel=1e-9)
+    # the training GPUs hold what 4 colocated GPUs' training side holds, without the engine's 0.4 share
+    four = estimate(recipe, gpus=4, gpu_memory_gb=80, num_tasks=400)
+    assert split.training.training_bytes == four.training_bytes and four.training_budget == split.training.training_budget - int(32 * GiB)
+    # colocated on all 8: its update on 8 GPUs, its generation on 8 colocated engines, in series
+    eight = split.colocated
+    assert eight.gpus == 8 and eight.vllm is not None
+    colocated_update = 256 * 12288 * forwards * flops_per_token / (8 * H100["peak"] * H100["mfu"])
+    engine_kv = (int(0.4 * 80 * GiB) - weights - overhead) // QWEN7B_KV
+    colocated_rate = 8 * _decode_rate(weights, min(32, engine_kv // context), context, QWEN7B_KV)  # 32 episodes per GPU
+    assert eight.seconds_per_round == pytest.approx(colocated_update + 256 * 4096 / colocated_rate, rel=1e-9)
+
+
+SERVER_SETTINGS = ["generator=server", "grpo.use_vllm=false", "grpo.vllm_importance_sampling_correction=true",
+                   "server.urls=[http://nodeA:8000,http://nodeA:8001]"]  # fmt: skip
+
+
+def test_staleness_one_costs_the_longer_phase_not_both():
+    from seal_rl.plan import estimate_split, render_split
+
+    recipe = load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS, "staleness=1"])
+    split = estimate_split(recipe, gpus=8, server_gpus=4, gpu_memory_gb=80, num_tasks=400)
+    generation, update, sync = split.generation_seconds, split.update_seconds, split.sync_seconds
+    assert min(generation, update) > 10 * sync > 0
+    assert split.seconds_per_round == pytest.approx(max(generation, update) + sync, rel=1e-12)
+    assert split.seconds_per_round < generation + update
+    assert split.synchronous_seconds == pytest.approx(generation + update + sync, rel=1e-12)
+    text = render_split(split)
+    (line,) = [line for line in text.splitlines() if "<- the recipe's" in line]
+    assert line.startswith("  split, staleness >= 1: max(") and "(staleness 1)" in line
+    assert text.splitlines()[-1].startswith("fits (") and "staleness  1 (asynchronous" in text
+    on_policy = estimate_split(load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS]), gpus=8, server_gpus=4, gpu_memory_gb=80,
+                               num_tasks=400)  # fmt: skip
+    assert on_policy.staleness == 0 and on_policy.seconds_per_round == pytest.approx(generation + update + sync, rel=1e-12)
+
+
+def test_a_server_recipe_is_compared_with_its_colocated_vllm_run():
+    """generator: server sets grpo.use_vllm: false; the comparison plans the same recipe with TRL's
+    colocated engine (not transformers' generate), as the recipe without a server section runs today."""
+    from seal_rl.plan import estimate_split
+
+    split = estimate_split(load_recipe(PAPER, [*PAPER_SETTINGS, *SERVER_SETTINGS, "staleness=1"]), gpus=8, server_gpus=4,
+                           gpu_memory_gb=80, num_tasks=400)  # fmt: skip
+    today = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "grpo.vllm_importance_sampling_correction=true"]), gpus=8,
+                     gpu_memory_gb=80, num_tasks=400)  # fmt: skip
+    assert split.colocated.vllm is not None and not [line for line in split.colocated.memory if line.name.startswith("hf ")]
+    assert split.colocated.seconds_per_round == today.seconds_per_round
+    assert split.colocated.training_bytes == today.training_bytes
+
+
+def test_servers_take_the_fewest_gpus_that_hold_the_weights_and_one_sequence():
+    """16 GiB GPUs: 0.92 x 16 = 14.7 GiB cannot hold Qwen2.5-7B's 14.2 GiB of weights and 1.5 GiB of
+    overhead on one GPU; two GPUs of tensor parallelism can (7.1 GiB each)."""
+    from seal_rl.plan import GiB, size_servers
+
+    recipe, shape = load_recipe(PAPER, PAPER_SETTINGS), PRESETS["qwen2.5-7b"]
+    servers = size_servers(recipe, shape, 2, 16 * GiB, 6, Assumptions())
+    assert (servers.count, servers.engine.tensor_parallel, servers.gpus) == (1, 2, 2)
+    assert servers.engine.weights == QWEN7B  # 2 bytes x Ψ / 2
+    assert size_servers(recipe, shape, 4, 16 * GiB, 4, Assumptions()).count == 2
+    with pytest.raises(SealError, match="cannot hold one vLLM server even as one tensor-parallel group of 1"):
+        size_servers(recipe, shape, 1, 16 * GiB, 7, Assumptions())
+    with pytest.raises(SealError, match="divides both --server-gpus 3 and the model's 28 attention heads"):
+        size_servers(recipe, shape, 3, 16 * GiB, 5, Assumptions())  # 3 does not divide 28; one GPU is too small
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "8", "--server-gpus", "-1"], "--server-gpus must be between 1 and --gpus - 1 = 7"),
+        (["--gpus", "8", "--server-gpus", "8"], "--server-gpus must be between 1 and --gpus - 1 = 7"),
+        (["--gpus", "8", "--server-gpus", "9"], "--server-gpus must be between 1 and --gpus - 1 = 7"),
+        (["--gpus", "1", "--server-gpus", "1"], "--server-gpus must be between 1 and --gpus - 1 = 0"),
+        (["--gpus", "8", "--server-gpus", "1", "--gpu-memory", "16"], "cannot hold one vLLM server even as one tensor-parallel group of 1"),
+        (["--gpus", "8", "--server-gpus", "4", "--sync-gb-s", "0"], "--sync-gb-s positive"),
+        (["--gpus", "8", "--server-gpus", "4", "--server-memory-utilization", "1.5"], "--server-memory-utilization must be in (0, 1]"),
+    ],
+)
+def test_a_bad_server_split_is_one_error_line_and_exit_code_2(monkeypatch, capsys, args, message):
+    memory = [] if "--gpu-memory" in args else ["--gpu-memory", "80"]
+    code, _, err = _plan(monkeypatch, capsys, *args, *memory)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err.replace("\n", " ")
+
+
+def test_the_paper_recipe_on_eight_gpus_splits_four_and_four_but_not_two_and_six(monkeypatch, capsys):
+    """The shipped recipe (micro-batch auto). 2 server GPUs leave 6 trainers, over which an update's
+    8 tasks x 8 rollouts = 64 samples do not divide (TRL's batch arithmetic): one line, exit 2. With 4
+    server GPUs, 4 servers of one GPU each serve and 4 GPUs train; it fits."""
+    args = ["plan", "--config", PAPER, "--set", "model.path=preset:qwen2.5-7b", "--gpus", "8", "--gpu-memory", "80"]
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--server-gpus", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "With --server-gpus 2, 6 of the 8 GPUs train: tasks_per_update x num_generations = 64 samples" in err
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--server-gpus", "4")
+    assert code == 0, err
+    lines = out.rstrip().splitlines()
+    assert lines[-1].startswith("fits (") and lines[-1].endswith("GiB to spare per training GPU)")
+    assert out.count("fits (") == 1 and out.count("does not fit") == 0
+    assert "generation servers (4 of 8 GPUs): 4 x vLLM, tensor parallel 1" in out
+    assert "training GPUs (4 of 8), memory per GPU" in out and "available: 80 GiB - 3 GiB overhead" in out
+    assert "colocated on 8 GPUs (micro-batch 8)" in out and "  -> at the recipe's staleness 0: " in out and "     with staleness >= 1: " in out
+    assert out.startswith("seal plan: ") and "training GPUs: micro-batch: auto -> " in out
+
+
+def test_the_split_does_not_fit_when_too_few_gpus_train(monkeypatch, capsys):
+    code, out, err = _plan(monkeypatch, capsys, "--gpus", "8", "--server-gpus", "7", "--gpu-memory", "80")
+    assert code == 1 and err == ""
+    assert out.rstrip().splitlines()[-1].startswith("does not fit: on the 1 training GPUs, training needs")

@@ -75,19 +75,36 @@ def plan_command(
     gen_tokens_per_s: Annotated[float | None, typer.Option(help="Generated tokens/s per GPU (default: from the decode roofline).")] = None,
     overhead_gib: Annotated[float, typer.Option("--overhead-gib", help="CUDA context, NCCL and fragmentation per GPU, GiB.")] = 3.0,
     vllm_overhead_gib: Annotated[float, typer.Option("--vllm-overhead-gib", help="vLLM's non-KV memory besides weights, GiB.")] = 1.5,
+    server_gpus: Annotated[int, typer.Option("--server-gpus", help="Of the --gpus, how many run vLLM generation servers (vllm serve, generator: server); the rest train. 0: vLLM colocated on every GPU (the default). Prints the round time both ways.")] = 0,
+    server_memory_utilization: Annotated[float, typer.Option("--server-memory-utilization", help="Share of a server GPU its vLLM takes (vLLM's --gpu-memory-utilization; 0.92 is vLLM 0.30's default).")] = 0.92,
+    sync_gb_s: Annotated[float, typer.Option("--sync-gb-s", help="GB/s of the weight sync from the trainers to the servers (50: one 400 Gb/s InfiniBand NDR link; 450: NVLink within an H100 node).")] = 50.0,
 ) -> None:
     """Estimate per-GPU memory, vLLM KV cache and time per round of a recipe; exit 1 if it does not fit.
 
     With a model directory it also counts how many training ground truths fit the recipe's token
-    budgets, with that model's tokenizer.
+    budgets, with that model's tokenizer. With --server-gpus M, M of the GPUs hold vLLM generation
+    servers and the others train: it plans both kinds of GPU and compares the round time with the
+    colocated plan on all of them (synchronous, or asynchronous at the recipe's staleness).
     """
-    from seal_rl.plan import Assumptions, estimate, render
+    from seal_rl.plan import Assumptions, estimate, estimate_split, render, render_split
     from seal_rl.plan.micro_batch import AUTO, choose_micro_batch, with_micro_batch
     from seal_rl.train import load_recipe
 
     recipe = load_recipe(config, overrides or [])
     assumptions = Assumptions(peak_tflops=peak_tflops, mfu=mfu, hbm_tb_per_s=hbm_tb_s, decode_efficiency=decode_efficiency,
-                              gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib)  # fmt: skip
+                              gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib,
+                              server_memory_utilization=server_memory_utilization, sync_gb_per_s=sync_gb_s)  # fmt: skip
+    if server_gpus:
+        split = estimate_split(recipe, gpus=gpus, server_gpus=server_gpus, gpu_memory_gb=gpu_memory, strategy=strategy,
+                               assumptions=assumptions)  # fmt: skip
+        out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
+        for side, chosen in (("training GPUs", split.training_choice), ("colocated", split.colocated_choice)):
+            if chosen:
+                out.print(f"{side}: {chosen}", markup=False, highlight=False, soft_wrap=True)
+        out.print(render_split(split, budgets=_budget_count_line(recipe)), markup=False, highlight=False, soft_wrap=True)
+        if not split.fits:
+            raise typer.Exit(1)
+        return
     chosen = ""
     if recipe.grpo.per_device_train_batch_size == AUTO:
         choice = choose_micro_batch(recipe, gpus, lambda r: estimate(r, gpus=gpus, gpu_memory_gb=gpu_memory, strategy=strategy,

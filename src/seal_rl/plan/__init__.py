@@ -15,15 +15,21 @@ and how the estimates compare with published figures. In short:
   ``(tokens, vocab)`` logits: what it holds is counted instead;
 * the colocated vLLM engine takes ``vllm_gpu_memory_utilization`` of the GPU; its KV cache holds
   2 · layers · kv_heads · head_dim · dtype bytes per token (vLLM's arithmetic);
-* time per round is FLOPs at an assumed MFU plus generated tokens at a decode roofline.
+* time per round is FLOPs at an assumed MFU plus generated tokens at a decode roofline;
+* with generation servers on M of the N GPUs (``seal plan --server-gpus M``), the servers are sized
+  with the same vLLM arithmetic, the other N − M GPUs train with no engine on them, and a round
+  costs generation + update + weight sync in series (``staleness: 0``) or max(generation, update) +
+  weight sync (``staleness >= 1``), next to the colocated plan on all N.
 
 ``device="cpu"`` plans a run on the host instead (what ``seal train`` checks on a machine without
 CUDA, :mod:`seal_rl.fit`): the same terms in host RAM, with the precision torch actually trains in on
 CPU (no DeepSpeed mixed-precision master copy).
 
-Three concepts: the model's shape (``shapes``: presets and ``config.json``); the memory and time
+The concepts: the model's shape (``shapes``: presets and ``config.json``); the memory and time
 model (``memory``: each memory term in bytes; ``estimate``: the :class:`Plan` of a recipe, with its
-run length and time per round); and the rendering of the answer (``render``).
+run length and time per round); the micro-batch ``auto`` chooses (``micro_batch``); generation
+servers on their own GPUs (``split``: the :class:`Split` of N GPUs into servers and trainers); and
+the rendering of the answer (``render``).
 """
 
 from seal_rl.plan.estimate import (
@@ -33,16 +39,18 @@ from seal_rl.plan.estimate import (
 from seal_rl.plan.memory import (
     DEVICES, DTYPE_BYTES, STRATEGIES, TRL_TOKEN_CHUNK, TRL_VOCAB_CHUNK, VLLM_DTYPE_BYTES, GiB, ModelStates, Precision, VLLMPlan,
     backbone_activation_bytes, gathered_parameter_bytes, kv_cache_bytes_per_token, layer_activation_bytes_per_token,
-    lm_head_bytes, materialised_logits_bytes, model_states, precision,
+    lm_head_bytes, materialised_logits_bytes, model_states, precision, vllm_engine,
 )  # fmt: skip
-from seal_rl.plan.render import render
+from seal_rl.plan.render import render, render_split
 from seal_rl.plan.shapes import PRESET_PREFIX, PRESETS, SUPPORTED_MODEL_TYPES, ModelShape, model_shape, shape_from_config
+from seal_rl.plan.split import Servers, Split, estimate_split, size_servers
 
 __all__ = [
     "DEVICES", "DTYPE_BYTES", "PRESETS", "PRESET_PREFIX", "STRATEGIES", "SUPPORTED_MODEL_TYPES", "TRL_TOKEN_CHUNK",
     "TRL_VOCAB_CHUNK", "VLLM_DTYPE_BYTES", "Assumptions", "GiB", "MemoryLine", "ModelShape", "ModelStates", "Plan",
-    "Precision", "VLLMPlan", "backbone_activation_bytes", "decode_tokens_per_s", "estimate", "forward_flops_per_token",
+    "Precision", "Servers", "Split", "VLLMPlan", "backbone_activation_bytes", "decode_tokens_per_s", "estimate", "estimate_split",
+    "forward_flops_per_token",
     "forward_passes", "gathered_parameter_bytes", "kv_cache_bytes_per_token", "launch_strategy",
     "layer_activation_bytes_per_token", "lm_head_bytes", "materialised_logits_bytes", "model_shape", "model_states",
-    "precision", "render", "run_length", "shape_from_config",
+    "precision", "render", "render_split", "run_length", "shape_from_config", "size_servers", "vllm_engine",
 ]  # fmt: skip

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from seal_rl.errors import SealError
 from seal_rl.plan.memory import (
-    DEVICES, STRATEGIES, VLLM_DTYPE_BYTES, GiB, Precision, VLLMPlan, backbone_activation_bytes, gathered_parameter_bytes,
+    DEVICES, STRATEGIES, GiB, Precision, VLLMPlan, backbone_activation_bytes, gathered_parameter_bytes,
     kv_cache_bytes_per_token, lm_head_bytes, materialised_logits_bytes, micro_batch_tokens, model_states, precision,
-    tree_attention_bytes,
+    tree_attention_bytes, vllm_engine, vllm_weight_bytes,
 )  # fmt: skip
 from seal_rl.plan.shapes import ModelShape, model_shape
 
@@ -46,6 +46,15 @@ class Assumptions:
     """vLLM's KV cache where it is set by size rather than by share (the CPU build's
     ``VLLM_CPU_KVCACHE_SPACE``): the engine then takes its weights, its overhead and this; None:
     ``vllm_gpu_memory_utilization`` of the device"""
+    server_memory_utilization: float = 0.92
+    """share of each generation server's GPU that its vLLM engine takes (``seal plan --server-gpus``):
+    vLLM 0.30's default ``--gpu-memory-utilization`` (``CacheConfig.gpu_memory_utilization`` in
+    ``vllm/config/cache.py``)"""
+    sync_gb_per_s: float = 50.0
+    """GB/s of the weight sync from the training GPUs to the generation servers: one 400 Gb/s
+    InfiniBand NDR link (NVIDIA ConnectX-7, one per GPU in a DGX H100), the path of one NCCL
+    broadcast from the trainers' rank 0 to servers on another node. Servers on the same node
+    reach NVLink's 450 GB/s per direction (H100 SXM: 900 GB/s both ways)"""
 
     def __post_init__(self) -> None:
         if min(self.peak_tflops, self.hbm_tb_per_s) <= 0 or not 0 < self.mfu <= 1 or not 0 < self.decode_efficiency <= 1:
@@ -54,6 +63,8 @@ class Assumptions:
             raise SealError("--gen-tokens-per-s must be positive.")
         if min(self.overhead_gib, self.vllm_overhead_gib, self.vllm_kv_cache_gib or 0.0) < 0:
             raise SealError("--overhead-gib and --vllm-overhead-gib must be >= 0.")
+        if not 0 < self.server_memory_utilization <= 1 or self.sync_gb_per_s <= 0:
+            raise SealError("--server-memory-utilization must be in (0, 1] and --sync-gb-s positive.")
 
 
 @dataclass(frozen=True)
@@ -177,12 +188,16 @@ def estimate(
     shape: ModelShape | None = None,
     num_tasks: int | None = None,
     device: str = "cuda",
+    server_tokens_per_s: float | None = None,
 ) -> Plan:
     """Plan ``recipe`` on ``gpus`` GPUs of ``gpu_memory_gb`` GiB each (see the module docstring).
 
     ``shape`` defaults to :func:`model_shape` of ``recipe.model.path``; ``num_tasks`` (training
     tasks) to the recipe's task selection, as ``seal train`` makes it. ``device="cpu"``: ``gpus``
     processes on one host, each with ``gpu_memory_gb`` of its RAM (see :func:`precision`).
+    ``server_tokens_per_s``: generation runs on separate vLLM servers at this many tokens/s in all
+    (:mod:`seal_rl.plan.split`), so these GPUs only train: no engine takes a share of them, and the
+    plan's generation time is the servers' (its ``gen_tokens_per_s`` is their rate per training GPU).
     """
     from seal_rl.train.recipe import batch_layout, planned_interface, planned_scheduler, samples_per_task
 
@@ -213,7 +228,9 @@ def estimate(
                      f"b x heads x s x (s + 1) softmax scores per layer, {eager / GiB:.1f} GiB more at this length.")  # fmt: skip
     vllm = None
     training_budget = gpu_memory - int(assumptions.overhead_gib * GiB)
-    if g.use_vllm:  # colocated: the recipe refuses server and sleep modes
+    if server_tokens_per_s is not None:  # generation servers on other GPUs: nothing of an engine here
+        notes.append("generation on separate vLLM servers: no engine on these GPUs.")
+    elif g.use_vllm:  # colocated: the recipe refuses server and sleep modes
         vllm = _vllm_plan(recipe, shape, gpus, gpu_memory, assumptions)
         training_budget -= vllm.budget
     else:
@@ -231,7 +248,9 @@ def estimate(
 
     notes.append(f"rollouts: scheduler {planned_scheduler(recipe)}; the generation estimate assumes the engine kept full.")
     notes.append(f"interface: {planned_interface(recipe)[0]}.")
-    if assumptions.gen_tokens_per_s is not None:
+    if server_tokens_per_s is not None:
+        gen_rate = server_tokens_per_s / gpus
+    elif assumptions.gen_tokens_per_s is not None:
         gen_rate = assumptions.gen_tokens_per_s
     elif vllm is not None:
         gen_rate = decode_tokens_per_s(vllm, mean_context, assumptions)
@@ -316,18 +335,13 @@ def _vllm_plan(recipe: SealRecipe, shape: ModelShape, gpus: int, gpu_memory: int
         raise SealError(f"grpo.vllm_tensor_parallel_size ({tp}) must divide --gpus ({gpus}).")
     sequence = recipe.budgets["max_prompt_tokens"] + recipe.budgets["max_completion_tokens"]
     per_rank = g.tasks_per_step * g.num_generations // gpus
-    kv_heads_per_gpu = max(1, shape.num_key_value_heads // tp)  # vLLM replicates kv heads when tp > kv_heads
-    weights, overhead = math.ceil(shape.parameters / tp) * VLLM_DTYPE_BYTES, int(assumptions.vllm_overhead_gib * GiB)
+    weights, overhead = vllm_weight_bytes(shape, tp), int(assumptions.vllm_overhead_gib * GiB)
     if assumptions.vllm_kv_cache_gib is None:
         budget = int(g.vllm_gpu_memory_utilization * gpu_memory)
     else:  # the CPU build: a KV cache of a fixed size
         budget = weights + overhead + int(assumptions.vllm_kv_cache_gib * GiB)
-    return VLLMPlan(
-        utilization=g.vllm_gpu_memory_utilization, budget=budget, weights=weights, overhead=overhead,
-        kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES), tensor_parallel=tp,
-        kv_bytes_per_token_per_gpu=2 * shape.num_layers * kv_heads_per_gpu * shape.head_dim * VLLM_DTYPE_BYTES,
-        max_model_len=sequence, concurrent_sequences=tp * min(recipe.concurrency, per_rank), longest_sequence=sequence,
-    )  # fmt: skip
+    return vllm_engine(shape, tensor_parallel=tp, utilization=g.vllm_gpu_memory_utilization, budget=budget, overhead=overhead,
+                       max_model_len=sequence, concurrent_sequences=tp * min(recipe.concurrency, per_rank))  # fmt: skip
 
 
 def run_length(recipe: SealRecipe, layout: dict[str, int], num_tasks: int) -> tuple[int, int]:
@@ -377,10 +391,10 @@ def forward_flops_per_token(shape: ModelShape, sequence: int) -> float:
 
 
 def decode_tokens_per_s(vllm: VLLMPlan, mean_context: int, assumptions: Assumptions) -> float:
-    """Decode throughput per GPU of a colocated engine (see :func:`_roofline`): it runs as many
-    sequences as its KV cache holds at ``mean_context`` tokens each (at most its concurrent
-    sequences); under tensor parallelism every GPU reads its shard and the engine's tokens are
-    shared by its GPUs."""
+    """Decode throughput per GPU of a vLLM engine, colocated or a generation server (see
+    :func:`_roofline`): it runs as many sequences as its KV cache holds at ``mean_context`` tokens
+    each (at most its concurrent sequences); under tensor parallelism every GPU reads its shard and
+    the engine's tokens are shared by its GPUs."""
     running = max(1, min(vllm.concurrent_sequences, vllm.kv_tokens // max(1, mean_context)))
     engine = _roofline(vllm.weights, running, mean_context, vllm.kv_bytes_per_token_per_gpu, assumptions)
     return engine / vllm.tensor_parallel

@@ -278,3 +278,33 @@ class VLLMPlan:
     @property
     def covers_concurrency(self) -> bool:
         return self.kv_tokens >= self.tokens_needed
+
+
+def vllm_weight_bytes(shape: ModelShape, tensor_parallel: int) -> int:
+    """One GPU's shard of a vLLM engine's weights: 2Ψ / tensor_parallel (:data:`VLLM_DTYPE_BYTES`)."""
+    return math.ceil(shape.parameters / tensor_parallel) * VLLM_DTYPE_BYTES
+
+
+def vllm_engine(
+    shape: ModelShape,
+    *,
+    tensor_parallel: int,
+    utilization: float,
+    budget: int,
+    overhead: int,
+    max_model_len: int,
+    concurrent_sequences: int,
+) -> VLLMPlan:
+    """One GPU's share of a vLLM engine that spans ``tensor_parallel`` GPUs and may take ``budget``
+    bytes of each: its weight shard, ``overhead`` bytes besides the KV cache, and the KV cache in
+    what is left, where each GPU holds kv_heads / tensor_parallel of the heads (at least one: vLLM
+    replicates kv heads when the tensor-parallel size exceeds them). The same arithmetic sizes TRL's
+    colocated engine (:mod:`seal_rl.plan.estimate`) and a ``vllm serve`` generation server
+    (:mod:`seal_rl.plan.split`)."""
+    kv_heads_per_gpu = max(1, shape.num_key_value_heads // tensor_parallel)
+    return VLLMPlan(
+        utilization=utilization, budget=budget, weights=vllm_weight_bytes(shape, tensor_parallel), overhead=overhead,
+        kv_bytes_per_token=kv_cache_bytes_per_token(shape, VLLM_DTYPE_BYTES), tensor_parallel=tensor_parallel,
+        kv_bytes_per_token_per_gpu=2 * shape.num_layers * kv_heads_per_gpu * shape.head_dim * VLLM_DTYPE_BYTES,
+        max_model_len=max_model_len, concurrent_sequences=concurrent_sequences, longest_sequence=max_model_len,
+    )  # fmt: skip
