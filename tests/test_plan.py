@@ -628,3 +628,15 @@ def test_the_split_does_not_fit_when_too_few_gpus_train(monkeypatch, capsys):
     code, out, err = _plan(monkeypatch, capsys, "--gpus", "8", "--server-gpus", "7", "--gpu-memory", "80")
     assert code == 1 and err == ""
     assert out.rstrip().splitlines()[-1].startswith("does not fit: on the 1 training GPUs, training needs")
+
+
+def test_a_server_recipe_holds_no_generation_engine_on_its_training_gpus():
+    """``generator: server`` generates elsewhere: its plan counts neither transformers' generation
+    cache nor a colocated vLLM share on the training GPUs, so it needs less memory per GPU than the
+    same recipe generating with transformers."""
+    served = [*PAPER_SETTINGS, "generator=server", "server.urls=[http://127.0.0.1:8000]", "grpo.use_vllm=false"]
+    plan = estimate(load_recipe(PAPER, served), gpus=8, gpu_memory_gb=80, num_tasks=400)
+    local = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "grpo.use_vllm=false", "generator=hf"]), gpus=8, gpu_memory_gb=80, num_tasks=400)
+    assert plan.vllm is None and not [line for line in plan.memory if "generate" in line.name or "prefix cache" in line.name]
+    assert [line for line in local.memory if "generate" in line.name]
+    assert plan.training_bytes < local.training_bytes

@@ -230,6 +230,10 @@ def estimate(
     training_budget = gpu_memory - int(assumptions.overhead_gib * GiB)
     if server_tokens_per_s is not None:  # generation servers on other GPUs: nothing of an engine here
         notes.append("generation on separate vLLM servers: no engine on these GPUs.")
+    elif recipe.generator == "server":  # the recipe's own servers: no engine here either
+        served = _vllm_plan(recipe, shape, gpus, gpu_memory, assumptions)
+        notes.append("generator server: no engine on these GPUs; generation time assumes the servers decode as fast as a "
+                     "colocated engine would on each training GPU (seal plan --server-gpus M plans the servers too).")  # fmt: skip
     elif g.use_vllm:  # colocated: the recipe refuses server and sleep modes
         vllm = _vllm_plan(recipe, shape, gpus, gpu_memory, assumptions)
         training_budget -= vllm.budget
@@ -254,6 +258,8 @@ def estimate(
         gen_rate = assumptions.gen_tokens_per_s
     elif vllm is not None:
         gen_rate = decode_tokens_per_s(vllm, mean_context, assumptions)
+    elif recipe.generator == "server":
+        gen_rate = decode_tokens_per_s(served, mean_context, assumptions)
     else:
         gen_rate = _roofline(shape.parameters * p.weight_bytes, min(recipe.generation_batch, recipe.concurrency), mean_context,
                              kv_cache_bytes_per_token(shape, p.activation_bytes), assumptions)  # fmt: skip
