@@ -14,7 +14,7 @@ import pytest
 from benchmarks import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ["environment", "prefix_tree_fp32", "prefix_tree_bf16", "train_round", "update", "generate"]
+CHECKS = ["environment", "prefix_tree_fp32", "prefix_tree_bf16", "train_round", "update", "generate", "server_round"]
 
 
 @pytest.fixture(scope="module")
