@@ -135,11 +135,11 @@ class SealLoop:
         """rounds this process has played (``state.round`` counts from the run's start, checkpoints included)"""
         self.validation = list(validation)
         self.train_tasks: list[Task] = []  # asynchronous rounds draw their own order of them
-        # generator: server (seal_rl.train.server_sync): the servers' generator, the check of what they serve
-        # (run at the first round), and under staleness >= 1 the producer of groups (seal_rl.train.async_rounds)
-        self.server: Any = None
-        self.server_check: Any = None
+        # generator: server: the servers' generator and the check of what they serve (seal_rl.train.server_sync), the
+        # producer of groups under staleness >= 1 (async_rounds), the round's importance ratios (importance)
+        self.server = self.server_check = None
         self.producer: AsyncRounds | None = None
+        self.importance: dict[str, float] = {}
         self.best_validation = _best_validation(out)
         self._chat: ChatTokens | None = None
 
@@ -308,8 +308,7 @@ class SealLoop:
         return rollouts
 
     def _take_groups(self, trainer: Any, chat: ChatTokens, episodes: int, round_index: int) -> list[Rollout]:
-        """Asynchronous rounds (``staleness`` ≥ 1): the round's groups from the producer, which plays
-        ahead on the generation servers (:mod:`seal_rl.train.async_rounds`)."""
+        """``staleness`` ≥ 1: the round's groups from the producer (:mod:`seal_rl.train.async_rounds`)."""
         size = samples_per_task(self.recipe) // (self.recipe.turn_samples if self.recipe.layout == "turn" else 1)
         per_round = episodes // size
         if self.producer is None:  # a resumed run goes on where its rounds left the task order
@@ -440,6 +439,7 @@ class SealLoop:
         metrics = round_metrics(round_index, trainer.state.global_step, rows, self.state, self._round_interface, self.timing,
                                 self.recipe.reward, self.recipe.credit)  # fmt: skip
         metrics.update({f"rollout/{key}": value for key, value in self._round_driver.items()})
+        metrics.update({f"rollout/importance/{key}": round(value, 6) for key, value in self.importance.items()})  # main rank's batch
         with open(self.out / METRICS_FILE, "a", encoding="utf-8") as handle:
             jsonl.append(handle, metrics)
         for name, value in scalar_metrics(metrics).items():  # to every report_to backend at TRL's next log

@@ -124,6 +124,12 @@ class GRPOSettings:
     """TRL's correction for the vLLM/trainer probability mismatch (TRL's default True). Off by
     default: the paper's reference (verl) trains without it. Needs the sampled log-probabilities,
     which the vllm generator returns"""
+    vllm_importance_sampling_mode: str = "token_truncate"
+    """how TRL's correction applies the ratio (``token_truncate`` | ``token_mask`` | ``sequence_truncate`` |
+    ``sequence_mask``). TRL's default is ``sequence_mask``; ours is per token, because a multi-turn episode's
+    product of ratios drifts far from 1 once its sampler is an update old: measured with ``staleness: 1``,
+    50-100% of episodes fell outside [1/3, 3] per sequence against 0% of tokens (docs/training.md,
+    "Asynchronous rounds")"""
     logging_steps: int = 1
     save_steps: int = 0
     """save a checkpoint every N optimizer steps (0: once per round)"""
@@ -348,6 +354,9 @@ def validate(recipe: SealRecipe) -> None:
     if recipe.generator not in ("hf", "vllm", "server") and ":" not in recipe.generator:
         raise SealError(f"Unknown generator {recipe.generator!r}; expected 'hf', 'vllm', 'server' or 'module:function'.")
     _check_servers(recipe)
+    if g.vllm_importance_sampling_mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        raise SealError(f"grpo.vllm_importance_sampling_mode must be one of token_truncate, token_mask, sequence_truncate, "
+                        f"sequence_mask (TRL's), got {g.vllm_importance_sampling_mode!r}.")  # fmt: skip
     if recipe.generator == "vllm" and not g.use_vllm:
         raise SealError("generator: vllm needs grpo.use_vllm: true.")
     if g.use_vllm and g.vllm_mode != "colocate":

@@ -159,6 +159,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
             vllm_tensor_parallel_size=g.vllm_tensor_parallel_size,
             vllm_importance_sampling_correction=g.vllm_importance_sampling_correction,
+            vllm_importance_sampling_mode=g.vllm_importance_sampling_mode,
             # The engine's context is one whole episode; a single call generates at most max_new_tokens
             # (the driver asks for less when the episode's budget is nearly spent).
             vllm_max_model_length=budgets.max_prompt_tokens + budgets.max_completion_tokens,

@@ -212,6 +212,12 @@ def make_trainer_class():
 
         def _seal_generate_and_score(self, inputs):
             output = super()._generate_and_score_completions(inputs)
+            if output.get("sampling_per_token_logps") is not None and output.get("old_per_token_logps") is not None:
+                from seal_rl.train.importance import importance_spread
+
+                mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+                self.seal.importance = importance_spread(output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
+                                                         self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)  # fmt: skip
             before, after, terms = seal_advantages(self, inputs, output, self.seal.recipe, self.seal.apatch.apply_to)
             self.seal.apatch_hook_calls += 1
             self.seal.after_advantages(self, inputs, before, after, terms)
