@@ -1,4 +1,5 @@
-"""``seal serve``: the environment as an HTTP service (:mod:`seal_rl.service`)."""
+"""``seal serve``: the environment as an HTTP service (:mod:`seal_rl.service`); ``seal serve-openenv``; and
+``seal rollout-server``, a vLLM generation server for ``generator: server`` training."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 * :class:`HFGenerator` — transformers ``generate`` on token ids (CPU or GPU).
 * :class:`VLLMGenerator` — TRL's colocated vLLM engine (``trainer.vllm_generation``) during training.
 * :class:`VLLMEngineGenerator` — a local vLLM engine (``seal eval --policy vllm:PATH``).
+* :class:`~seal_rl.generators.vllm_server.VLLMServerGenerator` — ``vllm serve`` generation servers
+  during training (``generator: server``); ``server_launch`` starts one, ``server_worker`` is its
+  side of a weight sync.
 * :class:`OpenAIGenerator` — any OpenAI-compatible server, streaming (``--policy openai:``).
 * :class:`ScriptedGenerator` — agents that answer from a script (replay files, the oracle).
 * :class:`SimulatedGenerator`, :class:`SimulatedServer` — canned text after a fixed (batched) or

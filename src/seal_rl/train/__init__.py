@@ -33,6 +33,10 @@ Around the rounds: ``recipe`` loads and checks the recipe and derives the batch 
 ``prepare`` selects the training and validation tasks, prepares the model and runs the optional
 supervised warm start (``seal sft``); ``run`` is :func:`train`, which wires it all together;
 ``run_dir`` owns the run directory's files (metrics, checkpoints to resume, TensorBoard).
+With ``generator: server`` the episodes are played on ``vllm serve`` processes of their own:
+``server_sync`` pushes the weights to them before every round and checks what they serve, and under
+``staleness`` ≥ 1 ``async_rounds`` plays groups ahead of the update (step 1 then takes ready groups
+instead of playing TRL's prompts), with ``importance`` measuring the behaviour policy's ratios.
 
 Departures from the reference: TRL normalises group advantages with ``std + 1e-4`` (the reference
 uses ``1e-6``); each SEAL round is one TRL generation batch.
