@@ -670,10 +670,11 @@ def check_server_round(cpu: bool, work: Path) -> dict[str, Any]:
     """(e): ``seal rollout-server`` on the tiny model and three asynchronous rounds through it."""
     import importlib.util
     import socket
-    import urllib.request
 
     if importlib.util.find_spec("vllm") is None:
         return {"passed": True, "ran": False, "why": "vllm is not installed in this venv (the gpu extra; .venv-vllm-cpu on a CPU)"}
+    from seal_rl.errors import SealError
+    from seal_rl.generators.server_launch import wait_until_healthy
     from seal_rl.tasks import TaskSet
     from seal_rl.tiny import build_tiny_model
 
@@ -686,18 +687,11 @@ def check_server_round(cpu: bool, work: Path) -> dict[str, Any]:
     server = subprocess.Popen([sys.executable, "-m", "seal_rl", "rollout-server", str(model), "--port", str(port),
                                "--max-model-len", "16576", *extra], stdout=log, stderr=subprocess.STDOUT,
                               env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, cwd=ROOT)  # fmt: skip
-    began = time.perf_counter()
     try:
-        while True:
-            if server.poll() is not None:
-                return {"passed": False, "ran": True, "why_not": "the rollout server exited: " + (work / "server.log").read_text()[-1500:]}
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        started = time.perf_counter() - began
+        try:
+            started = wait_until_healthy(server, f"http://127.0.0.1:{port}", timeout=180, log=work / "server.log")
+        except SealError as exc:
+            return {"passed": False, "ran": True, "why_not": str(exc)[-1500:]}
         settings = [f"model.path={model}", "generator=server", f"server.urls=[http://127.0.0.1:{port}]", "server.weight_sync=reload",
                     "staleness=1", "grpo.vllm_importance_sampling_correction=true", "grpo.max_steps=3"]  # fmt: skip
         done = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(work / "served"),

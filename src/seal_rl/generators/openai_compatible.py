@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import threading
 import time
 from concurrent.futures import Future
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from seal_rl.errors import SealError
+from seal_rl.generators.event_loop import BackgroundLoop
 from seal_rl.rollout import Generation, Request
 from seal_rl.tools import ToolCall, get_format
 
@@ -81,45 +81,28 @@ class OpenAIGenerator:
         self._api_messages: dict[int, list[dict[str, Any]]] = {}  # episode -> assistant messages as sent back
         self._last_start = 0.0
         self.attempts = 0  # requests sent, for logs and tests
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = BackgroundLoop("openai-generator", self._open, self._close_client)
 
     # -- protocol -----------------------------------------------------------------------------
 
     def submit(self, request: Request, seed: int) -> Future[Generation | None]:
         """Send one request from the generator's own event loop; the future holds its answer."""
-        return asyncio.run_coroutine_threadsafe(self._one(request, seed), self._running_loop())
+        return self._loop.submit(self._one(request, seed))
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         futures = [self.submit(request, seed) for request in requests]
         return [future.result() for future in futures]
 
     def close(self) -> None:
-        """Close the connections and stop the event loop (a later request starts them again)."""
-        with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join()
-        loop.close()
+        """Cancel requests in flight (an interrupted run), close the connections and stop the event
+        loop (a later request starts them again)."""
+        self._loop.close()
 
     def __enter__(self) -> OpenAIGenerator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=loop.run_forever, name="openai-generator", daemon=True)
-                self._thread.start()
-                asyncio.run_coroutine_threadsafe(self._open(), loop).result()
-                self._loop = loop
-            return self._loop
 
     async def _open(self) -> None:
         import httpx
@@ -135,12 +118,7 @@ class OpenAIGenerator:
         self._semaphore = asyncio.Semaphore(self.settings.concurrency)
         self._pace = asyncio.Lock()
 
-    async def _shutdown(self) -> None:
-        """Cancel requests still in flight (an interrupted run), then close the connections."""
-        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    async def _close_client(self) -> None:
         await self._client.aclose()
 
     async def _one(self, request: Request, seed: int) -> Generation:

@@ -27,6 +27,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from seal_rl.errors import SealError
 
@@ -86,3 +87,25 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def wait_until_healthy(server: Any, url: str, timeout: float = 600.0, log: Path | None = None) -> float:
+    """Wait for a started server process to answer ``GET /health``; the seconds it took. A
+    :class:`SealError` (with the tail of ``log``) when the process exits first or ``timeout`` passes."""
+    import time
+    import urllib.request
+
+    began = time.monotonic()
+    while True:
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else ""
+            raise SealError(f"The generation server exited with status {server.returncode} before it answered:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return time.monotonic() - began
+        except OSError:
+            pass
+        if time.monotonic() - began > timeout:
+            raise SealError(f"The generation server at {url} did not answer /health within {timeout:g} s.")
+        time.sleep(1)

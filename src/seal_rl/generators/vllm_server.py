@@ -23,7 +23,6 @@ asynchronous rounds (:mod:`seal_rl.train.async_rounds`) admit and drop groups by
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seal_rl.errors import SealError, SealWarning
+from seal_rl.generators.event_loop import BackgroundLoop
 from seal_rl.rollout import Generation, Request, derived_seed
 from seal_rl.trajectory import ChatTokens
 
@@ -234,52 +234,29 @@ class VLLMServerGenerator:
         self.context_tokens: int | None = pool.context_tokens
         self.failures = 0
         """requests that failed on a server (each retried elsewhere or ended as generation_error)"""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
+        self._loop = BackgroundLoop("vllm-server-generator", self._open, self._close_client)
 
     # -- the StreamingGenerator protocol --------------------------------------------------------
 
     def submit(self, request: Request, seed: int) -> Future[Generation | None]:
-        return asyncio.run_coroutine_threadsafe(self._one(request, derived_seed(seed, request.episode)), self._running_loop())
+        return self._loop.submit(self._one(request, derived_seed(seed, request.episode)))
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         return [future.result() for future in [self.submit(r, seed) for r in requests]]
 
     def close(self) -> None:
-        """Stop the event loop and close its connections (a later request starts them again)."""
-        with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join()
-        loop.close()
+        """Cancel requests in flight (their episodes' futures raise), close the connections and stop
+        the event loop (a later request starts them again)."""
+        self._loop.close()
 
-    async def _shutdown(self) -> None:
-        """Cancel requests still in flight (their episodes' futures raise), then close the connections."""
-        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+    async def _open(self) -> None:
+        import httpx
+
+        limits = httpx.Limits(max_connections=self.pool.config.concurrency * len(self.pool.servers))
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.pool.config.timeout), limits=limits)
+
+    async def _close_client(self) -> None:
         await self._client.aclose()
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                import httpx
-
-                loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=loop.run_forever, name="vllm-server-generator", daemon=True)
-                self._thread.start()
-                limits = httpx.Limits(max_connections=self.pool.config.concurrency * len(self.pool.servers))
-
-                async def client() -> Any:
-                    return httpx.AsyncClient(timeout=httpx.Timeout(self.pool.config.timeout), limits=limits)
-
-                self._client = asyncio.run_coroutine_threadsafe(client(), loop).result()
-                self._loop = loop
-            return self._loop
 
     # -- one request -----------------------------------------------------------------------------
 

@@ -47,10 +47,7 @@ def render(plan: Plan, budgets: str | None = None) -> str:
         f"  {a.overhead_gib:g} GiB per GPU for the CUDA context, NCCL buffers and fragmentation; environment, validation and "
         "weight-sync time not counted",
     ]  # fmt: skip
-    lines += [f"note: {note}" for note in plan.notes]
-    spare = (plan.training_budget - plan.training_bytes) / GiB
-    lines += ["", f"fits ({spare:.1f} GiB to spare per GPU)" if plan.fits else f"does not fit: {plan.reason}"]
-    return "\n".join(lines)
+    return "\n".join(lines + _closing(plan, plan.fits, plan.reason, "GPU"))
 
 
 def render_split(split: Split, budgets: str | None = None) -> str:
@@ -121,10 +118,13 @@ def render_split(split: Split, budgets: str | None = None) -> str:
         f"  {a.overhead_gib:g} GiB per training GPU for the CUDA context, NCCL buffers and fragmentation; environment and "
         "validation time not counted",
     ]  # fmt: skip
-    lines += [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines + _closing(plan, split.fits, split.reason, "training GPU"))
+
+
+def _closing(plan: Plan, fits: bool, reason: str, per: str) -> list[str]:
+    """The plan's notes, then whether it fits (with the memory to spare per ``per``) or why not."""
     spare = (plan.training_budget - plan.training_bytes) / GiB
-    lines += ["", f"fits ({spare:.1f} GiB to spare per training GPU)" if split.fits else f"does not fit: {split.reason}"]
-    return "\n".join(lines)
+    return [f"note: {note}" for note in plan.notes] + ["", f"fits ({spare:.1f} GiB to spare per {per})" if fits else f"does not fit: {reason}"]
 
 
 def _seconds(seconds: float) -> str:
