@@ -143,6 +143,7 @@ class FakeVLLMServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: Nagle + delayed ACKs would add 40 ms to each answer
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -155,8 +156,11 @@ class FakeVLLMServer:
                 raw = self.rfile.read(length) if length else b""
                 server._handle(self, "POST", json.loads(raw) if raw else None)
 
-        self.http = ThreadingHTTPServer((host, port), Handler)
-        self.http.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 2048  # uvicorn's backlog: a burst of new connections is not refused (the default is 5)
+
+        self.http = Server((host, port), Handler)
         self.url = f"http://{host}:{self.http.server_address[1]}"
         self._thread = threading.Thread(target=self.http.serve_forever, name="fake-vllm", daemon=True)
 
