@@ -195,3 +195,112 @@ def test_when_every_server_is_dead_episodes_end_with_generation_error(fakes, cha
     assert all("no generation server answered" in r.record["error"] for r in rollouts)
     named = [[s.url for s in servers if s.url in line] for line in lines]
     assert sorted(named) == sorted([s.url] for s in servers), lines  # one line each, naming it alone
+
+
+# -- asynchronous rounds: admission, drops, staleness -----------------------------------------------
+
+
+class SimulatedTrainer:
+    """The trainer's side of asynchronous rounds without a model: each round takes ``per_round``
+    groups from the producer, "updates" for ``update`` seconds, then raises the servers' weight
+    version by one (as the weight sync does). ``version`` is the servers' version; ``takes`` the
+    :class:`TakeStats` of every round and ``groups`` the groups each round trained on."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.takes: list = []
+        self.groups: list[list] = []
+
+    def run(self, producer: AsyncRounds, rounds: int, per_round: int, update: float, timeout: float = 30.0,
+            on_update=None) -> None:  # fmt: skip
+        """Play ``rounds`` rounds in a thread; fail (instead of hanging the suite) if they deadlock."""
+        failure: list[BaseException] = []
+
+        def loop() -> None:
+            try:
+                for _ in range(rounds):
+                    groups, stats = producer.take(per_round)
+                    self.groups.append(groups)
+                    self.takes.append(stats)
+                    time.sleep(update)
+                    if on_update is not None:
+                        on_update()
+                    self.version += 1
+            except BaseException as exc:  # noqa: BLE001 - reported on the test's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        producer.close()
+        assert not thread.is_alive(), f"the rounds did not finish in {timeout} s (deadlock?)"
+        if failure:
+            raise failure[0]
+
+
+def _group(versions: list[list[int]]) -> list[Rollout]:
+    """A played group of one episode whose model messages ran under ``versions`` ([sent, answered] each)."""
+    return [Rollout(0, {"weight_versions": versions}, None)]
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(1, 3), per_round=st.integers(1, 4), workers=st.integers(1, 8), rounds=st.integers(2, 6),
+       plays=st.lists(st.sampled_from([0.0, 0.002, 0.01, 0.05, 0.2]), min_size=1, max_size=6),
+       update=st.sampled_from([0.0, 0.005, 0.03]))  # fmt: skip
+def test_admission_never_lets_started_minus_dropped_reach_k_plus_u_plus_1_rounds(k, per_round, workers, rounds, plays, update):
+    """AReaL's rule, whatever k, B, workers and timings: when a group starts, ``started − dropped ≤
+    (k + u + 1) · B`` (u: weight updates since the producer started), so nothing is generated more
+    than k updates ahead; every round gets its B groups (no deadlock), none twice, none more than
+    k versions behind; the drops each round reports add up to the producer's count."""
+    trainer = SimulatedTrainer()
+    made = threading.Event()
+    holder: list[AsyncRounds] = []
+    breaches: list[tuple[int, int, int]] = []
+
+    def play(index: int) -> list[Rollout]:
+        made.wait()
+        producer = holder[0]
+        with producer._cond:  # the counts as the producer keeps them, read under its lock
+            in_play, u = producer.started - producer.dropped, trainer.version
+            if in_play > (k + u + 1) * per_round:
+                breaches.append((index, in_play, u))
+        sent = trainer.version
+        time.sleep(plays[index % len(plays)])
+        return _group([[sent, trainer.version]])
+
+    holder.append(AsyncRounds(play, lambda: trainer.version, staleness=k, groups_per_round=per_round, workers=workers))
+    made.set()
+    trainer.run(holder[0], rounds, per_round, update)
+    assert not breaches, breaches
+    taken = [g.index for groups in trainer.groups for g in groups]
+    assert [len(groups) for groups in trainer.groups] == [per_round] * rounds and len(set(taken)) == len(taken)
+    assert all(behind <= k for stats in trainer.takes for behind in stats.staleness)
+    assert [sum(stats.staleness.values()) for stats in trainer.takes] == [per_round] * rounds
+    assert sum(stats.dropped for stats in trainer.takes) == holder[0].dropped
+
+
+def test_a_group_more_than_k_versions_old_is_dropped_and_counted():
+    """k = 1, one group a round: group 0 takes 1.5 s while the others take none, so the rounds go
+    on without it and the trainer updates several times; when it is ready its messages were sent 2+
+    versions ago, and the round that meets it drops it (counted in that round's stats and the
+    producer's) and trains on the next group instead. Every group trained on is within 1 version."""
+    trainer = SimulatedTrainer()
+
+    def play(index: int) -> list[Rollout]:
+        sent = trainer.version
+        time.sleep(1.5 if index == 0 else 0.0)
+        return _group([[sent, trainer.version]])
+
+    producer = AsyncRounds(play, lambda: trainer.version, staleness=1, groups_per_round=1, workers=2)
+    trainer.run(producer, rounds=12, per_round=1, update=0.2)
+    taken = [g.index for groups in trainer.groups for g in groups]
+    assert 0 not in taken and producer.dropped == 1
+    (dropping,) = [i for i, stats in enumerate(trainer.takes) if stats.dropped]
+    assert trainer.takes[dropping].dropped == 1 and dropping >= 3  # it came back after at least 3 updates
+    assert all(set(stats.staleness) <= {0, 1} for stats in trainer.takes)
+
+
+def test_staleness_0_is_not_an_asynchronous_round():
+    """k = 0 is the on-policy path (the loop plays each round when TRL asks): no producer starts."""
+    with pytest.raises(SealError, match="staleness >= 1"):
+        AsyncRounds(lambda index: [], lambda: 0, staleness=0, groups_per_round=1, workers=1)
