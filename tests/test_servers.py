@@ -405,7 +405,6 @@ def test_asynchronous_rounds_on_the_fake_servers_keep_mixed_version_groups_withi
         trainer.run(producer, rounds=5, per_round=2, update=0.1, sync=sync, timeout=120)
     finally:
         generator.close()
-    print("DBG", reloads_in_flight, Counter(tuple(p) for groups in trainer.groups for g in groups for r in g.rollouts for p in r.record["weight_versions"]), [dict(t.staleness) for t in trainer.takes], [t.dropped for t in trainer.takes])
     assert any(reloads_in_flight) and [s.version for s in servers] == [5, 5]
     assert [len(groups) for groups in trainer.groups] == [2] * 5
     assert all(set(stats.staleness) <= {0, 1} for stats in trainer.takes)
