@@ -411,3 +411,52 @@ def test_asynchronous_rounds_on_the_fake_servers_keep_mixed_version_groups_withi
     kept = [pair for groups in trainer.groups for g in groups for r in g.rollouts for pair in r.record["weight_versions"]]
     assert any(sent + 1 == answered for sent, answered in kept), Counter(map(tuple, kept))
     assert sum(sum(stats.staleness.values()) for stats in trainer.takes) == 10
+
+
+# -- recipe mistakes: one line, exit code 2, nothing written -----------------------------------------
+
+
+def _seal(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """``seal ARGS`` in this process: (exit code, stderr)."""
+    from seal_rl import cli
+
+    monkeypatch.setattr(sys, "argv", ["seal", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    return code, capsys.readouterr().err
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:  # bound, never listening: connections to it are refused
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["staleness=-1"], "staleness must be a whole number >= 0"),
+        (["staleness=1"], "staleness 1 needs generator: server"),
+        (["generator=server", "server.urls=[http://127.0.0.1:{port}]", "staleness=1"],
+         "set grpo.vllm_importance_sampling_correction: true"),
+        (["generator=server", "server.urls=[http://127.0.0.1:{port}]", "grpo.use_vllm=true"], "set grpo.use_vllm: false"),
+        (["generator=server"], "generator: server needs server.urls"),
+        (["generator=server", "server.urls=[http://127.0.0.1:{port}]"], "Generation server http://127.0.0.1:{port} cannot be reached"),
+    ],
+    ids=["negative-staleness", "staleness-without-server", "staleness-without-correction", "server-with-use_vllm",
+         "server-without-urls", "unreachable-server"],
+)  # fmt: skip
+def test_a_bad_server_or_staleness_setting_is_one_line_exit_2_and_nothing_written(monkeypatch, capsys, tmp_path, sets, message):
+    """Each of these stops ``seal train`` before anything is loaded or written: one line, exit code
+    2, no run directory. (An unreachable server was found only once the run directory held its
+    recipe, precision and a built tiny model; the CLI now asks the servers first.)"""
+    port = _unused_port()
+    out = tmp_path / "run"
+    args = [a for s in sets for a in ("--set", s.format(port=port))]
+    code, err = _seal(monkeypatch, capsys, "train", "--config", "smoke-cpu", "--out", str(out), *args)
+    flat = " ".join(err.split())
+    assert code == 2 and message.format(port=port) in flat and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not out.exists()

@@ -52,6 +52,10 @@ def train_command(
     tasks = select_tasks(recipe, TaskSet.load())[0]
     recipe, chosen = resolve_micro_batch(recipe, processes=processes, num_tasks=len(tasks))  # every rank: the same choice
     if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
+        if recipe.generator == "server":  # and that every generation server answers
+            from seal_rl.generators.vllm_server import ServerConfig, ServerPool
+
+            ServerPool(ServerConfig(**recipe.server)).connect()
         if chosen:
             err.print(chosen, markup=False, highlight=False, soft_wrap=True)
         check_before_training(recipe, processes=processes, num_tasks=len(tasks), force=force,
