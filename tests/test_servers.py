@@ -460,3 +460,103 @@ def test_a_bad_server_or_staleness_setting_is_one_line_exit_2_and_nothing_writte
     flat = " ".join(err.split())
     assert code == 2 and message.format(port=port) in flat and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not out.exists()
+
+
+# -- seal train against a fake server in another process ---------------------------------------------
+
+
+@pytest.fixture
+def fake_process(tiny_model_dir, tmp_path):
+    """``fake_process(*args)``: a fake server in a process of its own, serving the tiny model
+    (real log-probabilities, so the trainer's served-model check passes at its default tolerance,
+    and weight reloads from the files the trainer writes); its URL. Stopped afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> str:
+        log = open(tmp_path / f"fake-{len(started)}.log", "w")  # noqa: SIM115 - the process writes it until the end
+        process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fake_vllm_server.py"), "--model-dir", str(tiny_model_dir), *args],
+                                   stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+                                   env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"})  # fmt: skip
+        started.append(process)
+        line = process.stdout.readline()
+        assert line.startswith("URL "), (line, (tmp_path / f"fake-{len(started) - 1}.log").read_text())
+        return line.split()[1]
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _stats(url: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{url}/fake/stats", timeout=10).json()
+
+
+def _train_command(out: Path, url: str, tiny: Path, *sets: str, processes: int = 1) -> list[str]:
+    launch = [sys.executable, "-m", "seal_rl"]
+    if processes > 1:
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "fsdp-cpu.yaml"),
+                  "--num_processes", str(processes), "--main_process_port", str(_unused_port()), "-m", "seal_rl"]  # fmt: skip
+    settings = [f"model.path={tiny}", "generator=server", f"server.urls=[{url}]", *sets]
+    return [*launch, "train", "--config", "smoke-cpu", "--out", str(out), *[a for s in settings for a in ("--set", s)]]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_staleness_0_on_a_server_plays_every_round_on_policy(fake_process, tiny_model_dir, tmp_path):
+    """``seal train`` (smoke-cpu, one process) with ``generator: server`` and ``staleness: 0``:
+    each round is played when TRL asks, after the sync of the update before it — the server sees
+    exactly round r's model calls under weight version r (the first sync gives version 1), none in
+    flight at a reload, nothing asked ahead; the round log has the continuous scheduler and no
+    asynchronous fields."""
+    url = fake_process("--latency", "lognormal:0.02:1.0")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(_train_command(out, url, tiny_model_dir), capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rollouts = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "rollout"]
+    assert [r["round"] for r in rollouts] == [1, 2]
+    assert all(r["rollout/scheduler"] == "continuous" and not any(k.startswith("rollout/async/") for k in r) for r in rollouts)
+    calls = Counter()
+    for row in _jsonl(out / "trajectories.jsonl"):
+        calls[row["round"]] += sum(1 for m in row["messages"] if m["role"] == "assistant")
+    stats = _stats(url)
+    assert stats["reloads"] == ["seal_reload_weights"] * 2 and stats["in_flight_at_reload"] == [0, 0]
+    probe = Counter({1: 1})  # the served-model check's one request, after the first sync
+    assert Counter(stats["arrivals"]) == calls + probe and stats["completions"] == sum(calls.values()) + 1
+
+
+@pytest.mark.slow
+def test_two_processes_train_asynchronously_on_a_fake_server_without_deadlock(fake_process, tiny_model_dir, tmp_path):
+    """``accelerate launch --num_processes 2`` (FSDP2 on gloo) of smoke-cpu with ``generator:
+    server``, ``staleness: 1`` and TRL's importance correction, against a fake server with
+    heavy-tailed latency: the trainer writes its weights to ``server_weights/`` and the server
+    reloads them (``/collective_rpc seal_reload_weights``) before every round, the served-model
+    check passes at its default tolerance (the fake computes the tiny model's real
+    log-probabilities), the run ends within the timeout, and every round's log line has the
+    asynchronous scheduler's staleness histogram: the round's groups, none more than 1 version behind."""
+    url = fake_process("--latency", "lognormal:0.05:1.0")
+    out = tmp_path / "run"
+    sets = ["staleness=1", "grpo.vllm_importance_sampling_correction=true", "grpo.per_device_train_batch_size=2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(_train_command(out, url, tiny_model_dir, *sets, processes=2), capture_output=True, text=True,
+                            timeout=900, cwd=ROOT, env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "served log-probabilities within" in result.stderr
+    rollouts = [m for m in _jsonl(out / "metrics.jsonl") if m["kind"] == "rollout"]
+    assert [r["round"] for r in rollouts] == [1, 2]
+    per_rank = 4 * 2 // 2 // 2  # smoke-cpu: 4 tasks of 2 episodes a round, over 2 ranks: 2 groups each (the main rank's are logged)
+    for r in rollouts:
+        assert r["rollout/scheduler"] == "asynchronous", r
+        histogram = {int(k): v for k, v in r["rollout/async/staleness"].items()}
+        assert sum(histogram.values()) == per_rank and max(histogram) <= 1 and r["rollout/async/dropped"] >= 0
+    rows = _jsonl(out / "trajectories.jsonl")
+    assert len(rows) == 2 * 8 and {row["round"] for row in rows} == {1, 2}
+    stats = _stats(url)
+    assert stats["reloads"] == ["seal_reload_weights"] * 2 and stats["routes"]["POST /pause"] == 2
+    assert (out / "server_weights" / "v2" / "model.safetensors").exists()
