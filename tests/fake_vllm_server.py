@@ -40,7 +40,8 @@ Behaviour, all of it deterministic where it can be:
   port stops accepting connections.
 
 Run in a thread (``with FakeVLLMServer(...) as server: server.url``) or as a process:
-``python tests/fake_vllm_server.py --model-dir DIR --port 0`` prints ``URL http://127.0.0.1:PORT``.
+``python tests/fake_vllm_server.py --model-dir DIR --port 0`` (or ``--tokenizer-dir DIR``: no model)
+prints ``URL http://127.0.0.1:PORT``.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class FakeVLLMServer:
 
     def __init__(self, *, vocab: Sequence[int] | None = None, eos_id: int | None = None, model: str = "fake-model",
                  max_model_len: int = 32768, latency: Latency = Latency(), latency_seed: int = 0, min_content: int = 1, max_content: int = 16,
-                 die_after: int | None = None, model_dir: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:  # fmt: skip
+                 die_after: int | None = None, model_dir: str | None = None, tokenizer_dir: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:  # fmt: skip
         self.model_name = model
         self.max_model_len = max_model_len
         self.latency, self.latency_seed = latency, latency_seed
@@ -120,9 +122,13 @@ class FakeVLLMServer:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
             self._torch_lock = threading.Lock()
+        elif tokenizer_dir is not None:  # the tokenizer's ids and texts, synthetic log-probabilities
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         if vocab is None or eos_id is None:
             if self.tokenizer is None:
-                raise ValueError("give vocab and eos_id, or model_dir")
+                raise ValueError("give vocab and eos_id, or model_dir or tokenizer_dir")
             vocab = content_ids(self.tokenizer) if vocab is None else vocab
             eos_id = self.tokenizer.eos_token_id if eos_id is None else eos_id
         self.vocab, self.eos_id = list(vocab), int(eos_id)
@@ -428,17 +434,21 @@ class FakeVLLMServer:
 def main(argv: list[str] | None = None) -> None:
     """Serve until killed: ``python tests/fake_vllm_server.py --model-dir DIR [--port P]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", required=True, help="a model directory (the tiny model): tokens, and real log-probabilities")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", help="a model directory (the tiny model): tokens, and real log-probabilities")
+    source.add_argument("--tokenizer-dir", help="a tokenizer's directory: its tokens, synthetic log-probabilities")
     parser.add_argument("--model", default=None, help="the served model's name (default: the directory)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--latency", default="fixed:0", help="KIND:SCALE[:SHAPE], e.g. lognormal:0.2:1.0")
+    parser.add_argument("--latency", default="fixed:0", help="KIND:SCALE[:SHAPE[:CAP]], e.g. lognormal:0.2:1.0")
+    parser.add_argument("--latency-seed", type=int, default=0)
     parser.add_argument("--die-after", type=int, default=None)
     args = parser.parse_args(argv)
     kind, *numbers = args.latency.split(":")
     latency = Latency(kind, *map(float, numbers))
-    server = FakeVLLMServer(model_dir=args.model_dir, model=args.model or args.model_dir, port=args.port,
-                            max_model_len=args.max_model_len, latency=latency, die_after=args.die_after)  # fmt: skip
+    server = FakeVLLMServer(model_dir=args.model_dir, tokenizer_dir=args.tokenizer_dir, model=args.model or args.model_dir or args.tokenizer_dir,
+                            port=args.port, max_model_len=args.max_model_len, latency=latency, latency_seed=args.latency_seed,
+                            die_after=args.die_after)  # fmt: skip
     print(f"URL {server.url}", flush=True)
     server.start()
     try:
