@@ -156,6 +156,7 @@ def test_least_loaded_spreads_a_burst_evenly(fakes, chat):
     assert [s.completions for s in servers] == [4, 4, 4] and max(s.most_in_flight for s in servers) == 4
 
 
+@pytest.mark.filterwarnings("ignore:coroutine 'connect_tcp.<locals>.try_connect' was never awaited:RuntimeWarning")  # httpx cancelled mid-connect
 def test_closing_the_generator_while_episodes_keep_asking_neither_hangs_nor_strands_a_request(fakes, chat):
     """At the end of an asynchronous run the loop closes the producer, whose groups in flight keep
     asking for messages, then the generator. close() must return (it joined the thread of the
