@@ -136,6 +136,9 @@ class FakeVLLMServer:
         self.version = 0
         """weight reloads so far (``/collective_rpc`` calls)"""
         self.paused = False
+        """new requests wait for ``/resume`` (every pause mode)"""
+        self.frozen = False
+        """requests in flight wait for ``/resume`` too (``keep``)"""
         self.dead = False
         self.abort_epoch = 0
         self.in_flight = 0
@@ -201,7 +204,7 @@ class FakeVLLMServer:
 
     def stop(self) -> None:
         with self._cond:
-            self.paused = False
+            self.paused = self.frozen = False
             self._cond.notify_all()
         if self._thread.is_alive():
             self.http.shutdown()
@@ -254,7 +257,7 @@ class FakeVLLMServer:
             return self._pause((query.get("mode") or ["abort"])[0])
         if path == "/resume":
             with self._cond:
-                self.paused = False
+                self.paused = self.frozen = False
                 self._cond.notify_all()
             return 200, {"status": "resumed"}
         if path == "/collective_rpc":
@@ -270,6 +273,7 @@ class FakeVLLMServer:
             return 422, {"detail": f"mode must be abort, wait or keep, got {mode!r}"}
         with self._cond:
             self.paused = True
+            self.frozen = mode == "keep"
             if mode == "abort":
                 self.abort_epoch += 1
                 self._cond.notify_all()
@@ -364,7 +368,7 @@ class FakeVLLMServer:
                     if self.abort_epoch != epoch:
                         break
                     left = deadline - time.monotonic()
-                    if self.paused:
+                    if self.frozen:
                         self._cond.wait()
                         deadline = time.monotonic() + max(left, 0.0)  # the frozen time does not count
                     elif left > 0:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -375,6 +375,34 @@ def test_a_reload_while_a_request_is_in_flight_gives_it_both_versions(fakes, cha
     switch = old.index(False)
     assert 0 < switch < len(old) and all(old[:switch]) and all(new[switch:]) and not any(new[:switch])
 
+
+def test_the_fakes_pause_modes_do_what_vllms_say(fakes):
+    """The fake's own pause semantics (vLLM's ``/pause`` docstring), which the tests above rely on:
+    ``keep`` freezes a request in flight until ``/resume``; ``wait`` returns only once nothing is in
+    flight; ``abort`` ends what is in flight at once with ``finish_reason: abort``."""
+    import httpx
+
+    (server,) = fakes(1, latency=Latency("fixed", 0.6), min_content=10, max_content=10)
+    body = {"model": server.model_name, "prompt": [1, 2, 3], "max_tokens": 32, "seed": 0, "return_token_ids": True}
+    with httpx.Client(timeout=30) as client, ThreadPoolExecutor(2) as pool:
+        for mode in ("keep", "wait", "abort"):
+            began = time.monotonic()
+            answer = pool.submit(client.post, f"{server.url}/v1/completions", json=body)
+            time.sleep(0.2)
+            client.post(f"{server.url}/pause", params={"mode": mode})
+            paused_after = time.monotonic() - began
+            if mode == "keep":
+                time.sleep(1.0)
+                assert not answer.done() and server.in_flight == 1
+            client.post(f"{server.url}/resume")
+            choice = answer.result().json()["choices"][0]
+            took = time.monotonic() - began
+            if mode == "keep":
+                assert choice["finish_reason"] == "stop" and took > 1.5  # 0.6 s of work + 1 s frozen (less a token step)
+            elif mode == "wait":
+                assert choice["finish_reason"] == "stop" and paused_after >= 0.55  # /pause returned after the request
+            else:
+                assert choice["finish_reason"] == "abort" and paused_after < 0.5 and len(choice["token_ids"]) < 11
 
 def test_asynchronous_rounds_on_the_fake_servers_keep_mixed_version_groups_within_k(fakes, chat, task_set, tmp_path):
     """AsyncRounds with the real episode driver (BfclEnv on real tasks) on two fake servers with
