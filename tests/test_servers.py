@@ -101,8 +101,14 @@ def test_a_server_generation_is_token_ids_with_their_logprobs_and_weight_version
         assert len(first.logprobs) == len(first.token_ids) and all(lp < 0 for lp in first.logprobs)
         assert first.weight_versions == (0, 0)
 
-        pool.reload(str(tmp_path / "v1"))
-        generator.version += 1  # what the trainer's sync does after the reload (seal_rl.train.server_sync)
+        routes_when_loaded = []
+
+        def loaded() -> None:  # what the trainer's sync does while the servers are paused (seal_rl.train.server_sync)
+            routes_when_loaded.append(list(server.routes))
+            generator.version = 1
+
+        pool.reload(str(tmp_path / "v1"), loaded=loaded)
+        assert routes_when_loaded[0][-2:] == ["POST /collective_rpc", "POST /reset_prefix_cache"]  # reloaded, not yet resumed
         (again,) = generator.generate([_request(3, [5, 6, 7, 8])], seed=11)
         assert again.token_ids == first.token_ids and again.weight_versions == (1, 1)
         assert all(b < a for a, b in zip(first.logprobs, again.logprobs, strict=True))  # the fake's version-1 values
@@ -197,6 +203,20 @@ def test_closing_the_generator_while_episodes_keep_asking_neither_hangs_nor_stra
     assert not any(thread.is_alive() for thread in episodes), "an episode waits for a request that never ends"
     assert len(sent) > 40 and all(future.done() for future in sent)
     generator.close()
+
+def test_a_stopped_generator_ends_later_requests_at_once_without_asking_a_server(fakes, chat):
+    """The end of a run (``detach_servers``): after ``stop()`` a producer's group still playing gets a
+    ``generation_error`` for its next message at once, and no request reaches a server."""
+    (server,) = fakes(1)
+    generator = VLLMServerGenerator(_pool([server]), chat)
+    (first,) = generator.generate([_request(0, [5, 6, 7])], seed=0)
+    asked = len(server.bodies)
+    generator.stop()
+    began = time.monotonic()
+    (late,) = generator.generate([_request(1, [5, 6, 7])], seed=0)
+    assert first.error is None and late.error and "stopped" in late.error
+    assert time.monotonic() - began < 0.5 and len(server.bodies) == asked
+
 
 def test_a_server_that_dies_mid_round_leaves_the_pool_and_no_episode_is_lost(fakes, chat, task_set):
     """Three servers, one dies at its 4th request (its requests in flight are never answered): the
@@ -362,8 +382,7 @@ def test_a_reload_while_a_request_is_in_flight_gives_it_both_versions(fakes, cha
         pending = generator.submit(request, seed=5)
         time.sleep(0.4)
         assert server.in_flight == 1
-        pool.reload(str(tmp_path / "v1"))
-        generator.version += 1
+        pool.reload(str(tmp_path / "v1"), loaded=lambda: setattr(generator, "version", 1))
         mixed = pending.result(timeout=10)
         (after,) = generator.generate([request], seed=5)
     finally:
@@ -425,8 +444,8 @@ def test_asynchronous_rounds_on_the_fake_servers_keep_mixed_version_groups_withi
         while not any(s.in_flight for s in servers) and time.monotonic() < deadline:
             time.sleep(0.005)
         reloads_in_flight.append(sum(s.in_flight for s in servers))
-        pool.reload(str(tmp_path / f"v{generator.version + 1}"))
-        generator.version += 1
+        version = generator.version + 1
+        pool.reload(str(tmp_path / f"v{version}"), loaded=lambda: setattr(generator, "version", version))
 
     trainer = SimulatedTrainer()
     producer = AsyncRounds(play, lambda: generator.version, staleness=1, groups_per_round=2, workers=4)

@@ -201,17 +201,25 @@ class ServerPool:
             raise SealError(f"Generation server {server.url}: {path} answered HTTP {response.status_code}: {response.text[:300]}{hint}")
         return response.json() if response.content else None
 
-    def reload(self, weights_path: str, method: str = "seal_reload_weights") -> float:
-        """Every live server loads the checkpoint in ``weights_path``: pause (requests in flight are
-        kept and resume under the new weights), ``collective_rpc(method, weights_path)``, drop the
-        prefix cache (its keys and values are the old weights'), resume. Returns the seconds."""
+    def reload(self, weights_path: str, method: str = "seal_reload_weights", loaded: Any = None) -> float:
+        """Every live server loads the checkpoint in ``weights_path``: all pause (requests in flight
+        are kept and resume under the new weights), each runs ``collective_rpc(method, weights_path)``
+        and drops its prefix cache (its keys and values are the old weights'), ``loaded()`` runs
+        while they are still paused (the caller raises its weight version there, so no answer of the
+        new weights is counted under the old one), and all resume. Returns the seconds."""
         started = time.perf_counter()
-        for server in self.live:
-            self.post(server, "/pause?mode=keep")
-            try:
+        paused = []
+        try:
+            for server in self.live:
+                self.post(server, "/pause?mode=keep")
+                paused.append(server)
+            for server in paused:
                 self.post(server, "/collective_rpc", {"method": method, "kwargs": {"weights_path": weights_path}})
                 self.post(server, "/reset_prefix_cache")
-            finally:
+            if loaded is not None:
+                loaded()
+        finally:
+            for server in paused:
                 self.post(server, "/resume")
         return time.perf_counter() - started
 
@@ -232,6 +240,7 @@ class VLLMServerGenerator:
         self.version = 0
         """the weight version the servers hold (0: the weights they started with)"""
         self.context_tokens: int | None = pool.context_tokens
+        self.stopped = False
         self.failures = 0
         """requests that failed on a server (each retried elsewhere or ended as generation_error)"""
         self._loop = BackgroundLoop("vllm-server-generator", self._open, self._close_client)
@@ -239,7 +248,17 @@ class VLLMServerGenerator:
     # -- the StreamingGenerator protocol --------------------------------------------------------
 
     def submit(self, request: Request, seed: int) -> Future[Generation | None]:
+        if self.stopped:  # the run is over: episodes still playing end at once instead of asking the servers
+            done: Future[Generation | None] = Future()
+            done.set_result(Generation("", error="generation stopped: the training run has ended"))
+            return done
         return self._loop.submit(self._one(request, derived_seed(seed, request.episode)))
+
+    def stop(self) -> None:
+        """Answer every later request with a ``generation_error`` at once (the end of a run: groups a
+        producer still plays end instead of holding the process), then :meth:`close`."""
+        self.stopped = True
+        self.close()
 
     def generate(self, requests: Sequence[Request], seed: int) -> list[Generation | None]:
         return [future.result() for future in [self.submit(r, seed) for r in requests]]

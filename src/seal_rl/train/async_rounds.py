@@ -181,7 +181,8 @@ class AsyncRounds:
         return rollouts, stats
 
     def close(self) -> None:
-        """Stop starting groups; groups in flight are abandoned (their threads end with the generator)."""
+        """Stop starting groups; groups in flight are abandoned: their episodes end once the generator
+        is stopped (:meth:`~seal_rl.generators.vllm_server.VLLMServerGenerator.stop`)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()

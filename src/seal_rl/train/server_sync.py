@@ -62,23 +62,22 @@ def make_server_weights(trainer: Any, pool: ServerPool, generator: VLLMServerGen
             self.tensor_parallel_size = 1
 
         def sync_weights(self) -> None:
-            started = time.perf_counter()
+            started, version = time.perf_counter(), generator.version + 1
             if self.backend == "nccl":
                 self._sync_nccl()
             else:
-                self._sync_reload()
+                self._sync_reload(version)  # the main rank raises its version while the servers are paused
             self.accelerator.wait_for_everyone()  # no rank asks the servers before they hold the new weights
-            generator.version += 1
+            generator.version = version
             if timing is not None:
                 timing["weight_sync"] += time.perf_counter() - started
 
-        def _sync_reload(self) -> None:
+        def _sync_reload(self, version: int) -> None:
             named = {name: tensor.detach().to("cpu").contiguous() for name, tensor in self._iter_named_params()}
             if not self.accelerator.is_main_process:
                 return
             from safetensors.torch import save_file
 
-            version = generator.version + 1
             target = weights_dir / f"v{version}"
             partial = weights_dir / f".v{version}.partial"
             shutil.rmtree(partial, ignore_errors=True)
@@ -88,7 +87,7 @@ def make_server_weights(trainer: Any, pool: ServerPool, generator: VLLMServerGen
             partial.rename(target)
             pool.revive()
             try:
-                pool.reload(str(target.resolve()), self._method)
+                pool.reload(str(target.resolve()), self._method, loaded=lambda: setattr(generator, "version", version))
             except SealError as exc:
                 if self._method != "seal_reload_weights" or "collective_rpc" not in str(exc):
                     raise
@@ -96,7 +95,7 @@ def make_server_weights(trainer: Any, pool: ServerPool, generator: VLLMServerGen
                               "they reload through vLLM's reload_weights, which on vLLM's CPU build leaves a tied output "
                               "head stale. `seal rollout-server` starts them with it.", SealWarning, stacklevel=2)  # fmt: skip
                 self._method = "reload_weights"
-                pool.reload(str(target.resolve()), self._method)
+                pool.reload(str(target.resolve()), self._method, loaded=lambda: setattr(generator, "version", version))
             for old in weights_dir.glob("v*"):
                 if old != target and old.name[1:].isdigit():
                     shutil.rmtree(old, ignore_errors=True)
@@ -189,4 +188,4 @@ def detach_servers(loop: Any) -> None:
         loop.producer.close()
         loop.producer = None
     if loop.server is not None:
-        loop.server.close()
+        loop.server.stop()
