@@ -674,7 +674,7 @@ def check_server_round(cpu: bool, work: Path) -> dict[str, Any]:
     if importlib.util.find_spec("vllm") is None:
         return {"passed": True, "ran": False, "why": "vllm is not installed in this venv (the gpu extra; .venv-vllm-cpu on a CPU)"}
     from seal_rl.errors import SealError
-    from seal_rl.generators.server_launch import wait_until_healthy
+    from seal_rl.generators.server_launch import stop_server, wait_until_healthy
     from seal_rl.tasks import TaskSet
     from seal_rl.tiny import build_tiny_model
 
@@ -697,11 +697,7 @@ def check_server_round(cpu: bool, work: Path) -> dict[str, Any]:
         done = subprocess.run([sys.executable, "-m", "seal_rl", "train", "--config", "smoke-cpu", "--out", str(work / "served"),
                                *[a for s in settings for a in ("--set", s)]], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server, timeout=30)
         log.close()
     lines = _jsonl(work / "served" / "metrics.jsonl")
     rounds = [m for m in lines if m.get("kind", "rollout") == "rollout" and "rollout/async/staleness" in m]

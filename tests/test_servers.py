@@ -32,6 +32,7 @@ from seal_rl.rollout import Budgets, Request, Rollout, derived_seed, run_episode
 from seal_rl.train.async_rounds import AsyncRounds
 from seal_rl.trajectory import ChatTokens
 from tests.fake_vllm_server import FakeVLLMServer, Latency, content_ids
+from tests.test_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ["multi_turn_base_105", "multi_turn_miss_func_146", "multi_turn_miss_param_105", "multi_turn_long_context_105"]
@@ -464,19 +465,6 @@ def test_asynchronous_rounds_on_the_fake_servers_keep_mixed_version_groups_withi
 # -- recipe mistakes: one line, exit code 2, nothing written -----------------------------------------
 
 
-def _seal(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """``seal ARGS`` in this process: (exit code, stderr)."""
-    from seal_rl import cli
-
-    monkeypatch.setattr(sys, "argv", ["seal", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    return code, capsys.readouterr().err
-
-
 def _unused_port() -> int:
     with socket.socket() as probe:  # bound, never listening: connections to it are refused
         probe.bind(("127.0.0.1", 0))
@@ -504,7 +492,7 @@ def test_a_bad_server_or_staleness_setting_is_one_line_exit_2_and_nothing_writte
     port = _unused_port()
     out = tmp_path / "run"
     args = [a for s in sets for a in ("--set", s.format(port=port))]
-    code, err = _seal(monkeypatch, capsys, "train", "--config", "smoke-cpu", "--out", str(out), *args)
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", "smoke-cpu", "--out", str(out), *args)
     flat = " ".join(err.split())
     assert code == 2 and message.format(port=port) in flat and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not out.exists()

