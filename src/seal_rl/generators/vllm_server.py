@@ -23,6 +23,7 @@ asynchronous rounds (:mod:`seal_rl.train.async_rounds`) admit and drop groups by
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -298,6 +299,9 @@ class VLLMServerGenerator:
             tried.add(server.url)
             try:
                 response = await self._client.post(f"{server.url}/v1/completions", json=self.payload(request, seed, server.model))
+            except asyncio.CancelledError:  # the generator is closing: the server did nothing wrong
+                self.pool.release(server)
+                raise
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 self.failures += 1
