@@ -67,7 +67,8 @@ class ServerConfig:
     """further tries of a failed request (each on another live server where there is one); after
     them the episode ends with ``generation_error``, excluded from success rates"""
     concurrency: int = 256
-    """requests in flight per server"""
+    """connections per server each training process may hold (the HTTP client's limit is this times the
+    servers): requests beyond it wait in the client"""
     check_tolerance: float = 0.05
     """at start: the largest difference allowed between a server's and the trainer's log-probability
     of a probe sequence, after the first weight sync (a different model is refused)"""
