@@ -48,7 +48,6 @@ class Group:
 
     index: int
     rollouts: list[Rollout]
-    seconds: float = 0.0
 
     @property
     def oldest(self) -> int | None:
@@ -127,7 +126,6 @@ class AsyncRounds:
             self._pool.submit(self._run, index)
 
     def _run(self, index: int) -> None:
-        began = time.perf_counter()
         try:
             rollouts = self.play(index)
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread by take()
@@ -139,7 +137,7 @@ class AsyncRounds:
             return
         with self._cond:
             self.running -= 1
-            self.ready.append(Group(index, rollouts, time.perf_counter() - began))
+            self.ready.append(Group(index, rollouts))
             self._cond.notify_all()
 
     def take(self, n: int) -> tuple[list[Group], TakeStats]:

@@ -38,7 +38,7 @@ def importance_spread(old: Any, sampling: Any, mask: Any, c_min: float | None, c
     if not bool(rows.any()):
         return {}
     by_sequence = diff.sum(dim=1)[rows]
-    geometric = (diff.sum(dim=1)[rows] / tokens[rows])
+    geometric = by_sequence / tokens[rows]
     kept = mask.bool()
 
     def outside(values: Any) -> float:
