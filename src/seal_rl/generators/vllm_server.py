@@ -96,6 +96,9 @@ class Server:
     model: str = ""
     """the name it serves (``/v1/models``), sent with every request"""
     max_model_len: int = 0
+    cpu: bool = False
+    """vLLM's CPU build (``/server_info``): per-request seeds crash its engine ("CPU Generator does not
+    use offset"), so its requests carry none"""
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
@@ -131,6 +134,11 @@ class ServerPool:
                 raise SealError(f"Generation server {server.url} cannot be reached ({type(exc).__name__}: {exc}); start it "
                                 "(`seal rollout-server MODEL --port PORT`) or fix server.urls.") from None  # fmt: skip
             server.model, server.max_model_len = str(model["id"]), int(model.get("max_model_len") or 0)
+            try:  # a dev-mode route: without it the server cannot take a weight sync either
+                info = httpx.get(f"{server.url}/server_info", timeout=timeout)
+                server.cpu = info.status_code == 200 and "device_config=cpu" in str(info.json().get("vllm_config", ""))
+            except (httpx.HTTPError, ValueError, AttributeError):
+                server.cpu = False
         lengths = {s.max_model_len for s in self.servers}
         if len(lengths) > 1:
             raise SealError(f"The generation servers have different context lengths ({sorted(lengths)}); start them alike.")
@@ -281,11 +289,11 @@ class VLLMServerGenerator:
 
     # -- one request -----------------------------------------------------------------------------
 
-    def payload(self, request: Request, seed: int, model: str) -> dict[str, Any]:
-        """The ``/v1/completions`` body of one request."""
+    def payload(self, request: Request, seed: int, server: Server) -> dict[str, Any]:
+        """The ``/v1/completions`` body of one request (no seed for a server on vLLM's CPU build)."""
         return {
-            "model": model, "prompt": list(request.prompt_ids or []), "max_tokens": request.max_new_tokens,
-            "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, "seed": seed,
+            "model": server.model, "prompt": list(request.prompt_ids or []), "max_tokens": request.max_new_tokens,
+            "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **({} if server.cpu else {"seed": seed}),
             "stop_token_ids": sorted(self.chat.stops.ids), **self.sampling,
         }  # fmt: skip
 
@@ -299,7 +307,7 @@ class VLLMServerGenerator:
                 break
             tried.add(server.url)
             try:
-                response = await self._client.post(f"{server.url}/v1/completions", json=self.payload(request, seed, server.model))
+                response = await self._client.post(f"{server.url}/v1/completions", json=self.payload(request, seed, server))
             except asyncio.CancelledError:  # the generator is closing: the server did nothing wrong
                 self.pool.release(server)
                 raise
