@@ -596,3 +596,15 @@ def test_two_processes_train_asynchronously_on_a_fake_server_without_deadlock(fa
     stats = _stats(url)
     assert stats["reloads"] == ["seal_reload_weights"] * 2 and stats["routes"]["POST /pause"] == 2
     assert (out / "server_weights" / "v2" / "model.safetensors").exists()
+
+
+def test_a_server_on_vllms_cpu_build_gets_no_per_request_seed(chat):
+    """vLLM's CPU engine dies on per-request seeds ("CPU Generator does not use offset", seen on
+    learn-cpu at staleness 1): a server the pool found to be a CPU build gets requests without one,
+    and any other server gets the derived seed."""
+    from seal_rl.generators.vllm_server import Server
+
+    generator = VLLMServerGenerator(ServerPool(ServerConfig(urls=["http://127.0.0.1:9"]), log=lambda line: None), chat)
+    request = _request(3, [5, 6, 7])
+    assert "seed" not in generator.payload(request, 11, Server("http://a", model="m", cpu=True))
+    assert generator.payload(request, 11, Server("http://b", model="m"))["seed"] == 11
