@@ -214,7 +214,7 @@ class BfclEnv:
         self.end_reason: str | None = None
         self.observation_chars = 0  # tool-result characters shown so far (observation_budget_chars)
         self._limit_reached: str | None = None  # a per-step cap that ends the episode after this step
-        self._backends = Backends(task)
+        self._backends = self._open_backends(task)
         self._docs = {doc["name"]: doc for doc in task.functions}
         self._schemas = {doc["name"]: self._catalog.schema(doc) for doc in task.functions}
         observation = self.interface.system(task.functions) + self._open_turn(0)
@@ -345,6 +345,11 @@ class BfclEnv:
         return episode_record(self)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _open_backends(self, task: Task) -> Any:
+        """What executes the episode's calls (``execute(call) -> CallOutcome``): fresh BFCL backends.
+        An environment family's episode (:mod:`seal_rl.environments.episode`) puts its own here."""
+        return Backends(task)
 
     def _open_turn(self, turn: int) -> list[Message]:
         self.turn_steps = 0

@@ -103,11 +103,11 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     Episodes that ended in a generation error are counted under ``errors`` and left out of every
     rate: a server that failed is not a model that failed.
     """
-    counts = {category: [0, 0, 0] for category in CATEGORIES}
+    counts = {category: [0, 0, 0] for category in CATEGORIES}  # BFCL's order; other families' categories as they come
     by_task: dict[str, list[bool]] = {}
     categories_of: dict[str, str] = {}
     for record in records:
-        row = counts[record["category"]]
+        row = counts.setdefault(record["category"], [0, 0, 0])
         if record.get("error"):
             row[2] += 1
             continue

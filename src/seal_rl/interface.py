@@ -344,7 +344,10 @@ class Interface:
         training: bool = True,
         catalog: ToolCatalog | None = None,
         protocol: str = "seal",
+        inspect_tools: Sequence[str] | None = None,
     ) -> None:
+        """``inspect_tools``: the tools φ_err's "inspect the current state first" hint names (an
+        environment family's affordance; default BFCL's listing tools)."""
         check_protocol(protocol)
         if prompt_mode not in PROMPT_MODES:
             raise SealError(f"Unknown prompt mode {prompt_mode!r}; expected one of {', '.join(PROMPT_MODES)}.")
@@ -357,6 +360,7 @@ class Interface:
         self.state = state if state is not None else InterfaceState()
         self._active = self.state if training else InterfaceState()
         self._catalog = catalog if catalog is not None else ToolCatalog()
+        self.inspect_tools = tuple(inspect_tools) if inspect_tools is not None else _INSPECT_TOOLS
 
     # φ_schema -------------------------------------------------------------------------------
 
@@ -517,7 +521,7 @@ class Interface:
                 auth = [n for n in docs if "login" in n or "authenticate" in n]
                 hints.append("Authenticate first" + (f" (e.g. with {', '.join(auth)})" if auth else "") + f", then retry; {ASK_USER}.")
             elif _NOT_FOUND.search(error):
-                inspect = [n for n in _INSPECT_TOOLS if n in docs]
+                inspect = [n for n in self.inspect_tools if n in docs]
                 hints.append("Something the call refers to does not exist here; inspect the current state first"
                              + (f" (e.g. with {', '.join(inspect)})" if inspect else "") + f", then retry; {ASK_USER}.")  # fmt: skip
             elif result.output.startswith("Error during execution"):

@@ -44,12 +44,13 @@ def train_command(
     if out_dir is None or config is None:
         raise SealError("seal train needs --config RECIPE and --out DIR (or --resume DIR).")
     recipe = load_recipe(config, [*(overrides or []), *(extra or [])])
+    from seal_rl.environments import load_family
     from seal_rl.fit import check_before_training, resolve_micro_batch
-    from seal_rl.tasks import TaskSet
     from seal_rl.train import select_tasks
 
     processes = int(os.environ.get("WORLD_SIZE", "1"))
-    tasks = select_tasks(recipe, TaskSet.load())[0]
+    family = load_family(recipe.family, **recipe.family_settings)  # a bad family is one line, before anything starts
+    tasks = select_tasks(recipe, family.task_set(), family)[0]
     recipe, chosen = resolve_micro_batch(recipe, processes=processes, num_tasks=len(tasks))  # every rank: the same choice
     if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
         if recipe.generator == "server":  # and that every generation server answers

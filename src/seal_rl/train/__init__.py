@@ -42,13 +42,15 @@ Departures from the reference: TRL normalises group advantages with ``std + 1e-4
 uses ``1e-6``); each SEAL round is one TRL generation batch.
 """
 
-from seal_rl.train.loop import SealLoop, SealState, round_metrics, round_summary, scalar_metrics, update_summary
+from seal_rl.train.loop import SealLoop, SealState, round_metrics, round_summary, update_summary
 from seal_rl.train.recipe import (
     DataConfig, DiagnosisConfig, GRPOSettings, ModelConfig, SealRecipe, ValidationConfig, batch_layout, load_recipe,
     recipe_fields, validate,
 )  # fmt: skip
 from seal_rl.train.run import train
-from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _drop_logs_after, latest_checkpoint, read_metrics, save_model
+from seal_rl.train.run_dir import (
+    METRICS_FILE, SEAL_STATE_FILE, TIME_FILE, _drop_logs_after, latest_checkpoint, read_metrics, save_model, scalar_metrics,
+)  # fmt: skip
 from seal_rl.train.samples import trl_sample, turn_samples
 from seal_rl.train.trainer import make_trainer_class, seal_reward
 from seal_rl.train.prepare import scenario, select_tasks, sft, warm_start

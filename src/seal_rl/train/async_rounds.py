@@ -191,7 +191,6 @@ def group_player(loop: Any, chat: Any, size: int, rank: int, world: int) -> Call
     """``play(g)`` for a :class:`~seal_rl.train.loop.SealLoop`: this rank's group ``g`` — ``size``
     episodes of its task (:func:`task_order`) on the loop's generation servers, under the interface
     of the round in which it starts (recorded as ``interface_round``), seeded by (seed, g, rank)."""
-    from seal_rl.env import BfclEnv
     from seal_rl.rollout import run_episodes
 
     seed = loop.recipe.grpo.seed
@@ -200,7 +199,7 @@ def group_player(loop: Any, chat: Any, size: int, rank: int, world: int) -> Call
         task = task_order(loop.train_tasks, seed, group, rank, world)
         interface, started_in = loop._interface(), loop.state.round
         episodes = [(i, task, {"interface_round": started_in}) for i in range(size)]
-        return run_episodes(episodes, loop.server, lambda: BfclEnv(loop.env_config, interface, catalog=loop.catalog),
+        return run_episodes(episodes, loop.server, lambda: loop.family.make_env(loop.env_config, interface, catalog=loop.catalog),
                             chat=copy.copy(chat), budgets=loop.budgets, concurrency=size,  # chat.tools is set per episode
                             seed=derived_seed(seed, "group", group, rank), scheduler="continuous")  # fmt: skip
 

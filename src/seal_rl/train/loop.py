@@ -29,7 +29,8 @@ from seal_rl import jsonl
 from seal_rl.apatch import ApatchConfig, budgeted, trajectory_weight, update_label_weights
 from seal_rl.credit import anchors_with_signal, turn_outcomes
 from seal_rl.diagnose import add_diagnosis
-from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.env import EnvConfig
+from seal_rl.environments.family import BfclFamily
 from seal_rl.errors import SealError
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
@@ -40,7 +41,7 @@ from seal_rl.tasks import Task, TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train.async_rounds import AsyncRounds, group_player, staleness_summary
 from seal_rl.train.recipe import SealRecipe, interface_config, samples_per_task
-from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model
+from seal_rl.train.run_dir import METRICS_FILE, VALIDATION_DIR, _best_validation, save_model, scalar_metrics
 from seal_rl.train.samples import REWARD_FIELDS, trl_sample, turn_samples
 from seal_rl.trajectory import ChatTokens
 
@@ -101,8 +102,11 @@ class SealLoop:
         is_main: bool = True,
         generator_factory: Any = None,
         validation: Sequence[Task] = (),
+        family: Any = None,
     ) -> None:
         self.recipe = recipe
+        self.family = family if family is not None else BfclFamily(task_set)
+        """the environment family whose episodes the rounds play (:mod:`seal_rl.environments`)"""
         self.task_set = task_set
         self.out = out
         self.is_main = is_main
@@ -169,7 +173,7 @@ class SealLoop:
         rank, world = _rank(trainer), trainer.accelerator.num_processes
         mine = [(i, t, {}) for i, t in enumerate(self.validation) if i % world == rank]
         rollouts = run_episodes(
-            mine, generator, lambda: BfclEnv(self.validation_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
+            mine, generator, lambda: self.family.make_env(self.validation_config, catalog=self.catalog), chat=self.chat(trainer).for_inference(),
             budgets=self.budgets, concurrency=self.recipe.concurrency, seed=derived_seed(self.recipe.grpo.seed, 0, rank),
             scheduler=self.recipe.rollout_scheduler,
         )  # fmt: skip
@@ -284,7 +288,8 @@ class SealLoop:
     def _interface(self) -> Interface:
         """The training-time interface Ω_t of the current state (SEAL §3.3)."""
         return Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
-                         catalog=self.catalog, protocol=self.env_config.protocol)  # fmt: skip
+                         catalog=self.catalog, protocol=self.env_config.protocol,
+                         inspect_tools=getattr(self.family, "inspect_tools", None))  # fmt: skip
 
     def _play_round(self, trainer: Any, chat: ChatTokens, prompts: list[Any], round_index: int) -> list[Rollout]:
         """On-policy: play the round's episodes now, one per prompt TRL handed over (its task id)."""
@@ -295,7 +300,7 @@ class SealLoop:
         stats = DriverStats()
         with round_progress(round_index, len(episodes), shown=self.is_main) as advance:
             rollouts = run_episodes(
-                episodes, generator, lambda: BfclEnv(self.env_config, interface, catalog=self.catalog), chat=chat,
+                episodes, generator, lambda: self.family.make_env(self.env_config, interface, catalog=self.catalog), chat=chat,
                 budgets=self.budgets, concurrency=self.recipe.concurrency,
                 seed=derived_seed(self.recipe.grpo.seed, round_index, _rank(trainer)), stats=stats, on_done=advance,
                 scheduler=self.recipe.rollout_scheduler,
@@ -449,28 +454,6 @@ class SealLoop:
             CONSOLE.print("round 1 had nothing to learn: no group's rewards differ, so its update changes nothing. "
                           "`seal preflight RECIPE` plays one round without training and says which reward or setting "
                           "gives a spread (docs/preflight.md).", highlight=False, soft_wrap=True)  # fmt: skip
-
-
-def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """A round's ``metrics.jsonl`` line as flat scalars under stable ``seal/...`` names (nested
-    dicts become path segments; the interface as the number of components on), for
-    TensorBoard, W&B and any other ``report_to`` backend."""
-    flat: dict[str, float] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}/{key}", item)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            flat[prefix] = float(value)
-
-    for key, value in metrics.items():
-        if key == "interface/active":
-            flat["seal/interface/components_on"] = float(len(value))
-        elif key not in ("round", "step", "kind"):
-            walk(f"seal/{key}", value)
-    flat["seal/round"] = float(metrics["round"])
-    return flat
 
 
 def round_summary(metrics: dict[str, Any], used: InterfaceState, following: InterfaceState) -> str:

@@ -28,13 +28,15 @@ def scenario(task_id: str) -> str:
     return task_id.rsplit("_", 1)[1]
 
 
-def select_tasks(recipe: SealRecipe, task_set: TaskSet) -> tuple[list[Task], list[Task]]:
+def select_tasks(recipe: SealRecipe, task_set: TaskSet, family: Any = None) -> tuple[list[Task], list[Task]]:
     """The training tasks and the validation tasks of a recipe.
 
     Validation defaults to ``eval.holdout`` tasks of the training split, spread over categories,
     from scenarios not trained on; when training covers every scenario of the split, those
     scenarios are held out of training. The test split is never used unless ``eval.tasks`` names it.
+    ``family`` (default BFCL) says which tasks share a scenario (:meth:`Family.scenario`).
     """
+    scenario_of = family.scenario if family is not None else scenario
     ids = recipe.data.task_ids or None
     tasks = task_set.select(recipe.data.split, recipe.data.categories or None, ids)
     if recipe.data.limit:
@@ -44,17 +46,17 @@ def select_tasks(recipe: SealRecipe, task_set: TaskSet) -> tuple[list[Task], lis
         return tasks, [task_set.get(t) for t in v.tasks]
     if not (v.every_rounds or v.keep_best) or not v.holdout:
         return tasks, []
-    trained = {scenario(t.id) for t in tasks}
+    trained = {scenario_of(t.id) for t in tasks}
     split = task_set.select("train", None, None)
-    pool = [t for t in split if scenario(t.id) not in trained]
-    held_out = _spread(pool or tasks, v.holdout, recipe.grpo.seed)
+    pool = [t for t in split if scenario_of(t.id) not in trained]
+    held_out = _spread(pool or tasks, v.holdout, recipe.grpo.seed, scenario_of)
     if not pool:  # training covers the split: hold these scenarios out of training
-        removed = {scenario(t.id) for t in held_out}
-        tasks = [t for t in tasks if scenario(t.id) not in removed]
+        removed = {scenario_of(t.id) for t in held_out}
+        tasks = [t for t in tasks if scenario_of(t.id) not in removed]
     return tasks, held_out
 
 
-def _spread(pool: Sequence[Task], n: int, seed: int) -> list[Task]:
+def _spread(pool: Sequence[Task], n: int, seed: int, scenario_of: Any = scenario) -> list[Task]:
     """``n`` tasks of ``pool``, round-robin over categories, each category in a seeded order."""
     import zlib
 
@@ -66,7 +68,11 @@ def _spread(pool: Sequence[Task], n: int, seed: int) -> list[Task]:
         for queue in by_category.values():
             if queue and len(chosen) < n:
                 chosen.append(queue.pop(0))
-    return sorted(chosen, key=lambda t: (t.category, int(scenario(t.id))))
+    def order(task: Task) -> tuple[Any, ...]:  # numbered scenarios in numeric order (BFCL's are all numbers)
+        name = scenario_of(task.id)
+        return (task.category, not name.isdigit(), int(name) if name.isdigit() else 0, name)
+
+    return sorted(chosen, key=order)
 
 
 def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence[Task], base_model: str) -> Path:

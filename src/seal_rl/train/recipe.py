@@ -185,6 +185,11 @@ class DiagnosisConfig:
 class SealRecipe:
     """A training recipe: everything ``seal train`` needs, validated on load."""
 
+    family: str = "bfcl"
+    """the environment family: ``bfcl`` (the paper's), ``tau2-airline`` | ``tau2-retail`` | ``tau2-telecom`` |
+    ``tau2-mock``, or your own as ``package.module:Class`` / ``path/to/file.py:Class`` (docs/environments.md)"""
+    family_settings: dict[str, Any] = field(default_factory=dict)
+    """keyword arguments the family is built with (τ²: ``solo``, ``user``; your family's own)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
@@ -322,6 +327,8 @@ def validate(recipe: SealRecipe) -> None:
         except SealError as exc:
             raise SealError(f"eval.protocol {recipe.eval.protocol!r} cannot play this recipe's env: {exc}") from None
     _section("budgets", Budgets, recipe.budgets)
+    if recipe.family != "bfcl":
+        check_family_spec(recipe)
     for source in recipe.warm_start.data:
         check_source(source)
     for preset in recipe.warm_start.interfaces:
@@ -389,6 +396,20 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("rollout_scheduler continuous cannot run with grpo.vllm_tensor_parallel_size > 1 (the TP group's "
                         "ranks must call the engine together); choose rollout_scheduler: lockstep (or auto).")  # fmt: skip
     check_report_to(g.report_to)
+
+
+def check_family_spec(recipe: SealRecipe) -> None:
+    """A family other than BFCL: a well-formed name, the seal protocol, and no BFCL-only setting."""
+    from seal_rl.environments.family import BUILT_IN
+
+    if recipe.family not in BUILT_IN and ":" not in recipe.family:
+        raise SealError(f"Unknown family {recipe.family!r}: expected one of {', '.join(BUILT_IN)}, or an import path "
+                        "'package.module:Class' or 'path/to/file.py:Class' (docs/environments.md).")  # fmt: skip
+    if recipe.env.get("protocol", "seal") != "seal" or (recipe.eval.protocol or "seal") != "seal":
+        raise SealError(f"family {recipe.family}: env.protocol and eval.protocol must be seal (bfcl is BFCL's own loop).")
+    if recipe.warm_start.data and not recipe.family.startswith("tau2-"):
+        raise SealError(f"family {recipe.family}: warm_start.data replays BFCL ground truth; this family has none. "
+                        "Drop warm_start.data, or warm-start the model with `seal sft` on your own data first.")  # fmt: skip
 
 
 def _check_servers(recipe: SealRecipe) -> None:

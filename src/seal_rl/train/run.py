@@ -26,7 +26,7 @@ from seal_rl.precision import checkpoint_dtype, training_dtype
 from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
-from seal_rl.tasks import TaskSet
+from seal_rl.environments.family import BfclFamily, load_family
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, planned_interface, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
@@ -73,8 +73,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     from trl import GRPOConfig
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    task_set = TaskSet.load()
-    tasks, validation = select_tasks(recipe, task_set)
+    family = load_family(recipe.family, **recipe.family_settings)  # a bad family is one line before anything starts
+    bfcl = isinstance(family, BfclFamily)
+    task_set = family.task_set()
+    tasks, validation = select_tasks(recipe, task_set, family)
     if len(tasks) < recipe.grpo.tasks_per_step:
         raise SealError(f"{len(tasks)} tasks selected but tasks_per_step is {recipe.grpo.tasks_per_step}.")
 
@@ -100,11 +102,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             resolved.eval.tasks = [t.id for t in validation]
             (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
             CONSOLE.print(start_banner(recipe, out, layout, distributed.num_processes, recipe_path), highlight=False, soft_wrap=True)
-            never = planned_interface(recipe, max(len(t.questions) for t in tasks))[1]
+            never = planned_interface(recipe, max(getattr(t, "num_turns", 1) for t in tasks))[1]
             if never:
                 warnings.warn(never, SealWarning, stacklevel=2)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
-            model_path = _prepare_model(recipe, out, task_set)
+            model_path = _prepare_model(recipe, out, task_set if bfcl else None)  # the tiny tokenizer learns BFCL's text
             if is_main and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
                 for lock in clear_stale_build_locks():
                     _say(f"removed {lock}: an interrupted DeepSpeed build left it, and the next build would wait on it forever")
@@ -113,7 +115,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             _say(picked)
             resolved.env = recipe.env
             (out / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        if is_main:
+        if is_main and bfcl:  # how many ground truths fit the budgets: BFCL's ground truth replayed
             _say(summary_line(count_for_recipe(recipe, AutoTokenizer.from_pretrained(model_path), task_set, tasks)))
         if recipe.warm_start.data:
             if distributed.num_processes > 1:
@@ -188,7 +190,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
 
-        loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation)
+        loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation,
+                        family=family)  # fmt: skip
         checkpoint = None
         if resume is not None:
             checkpoint = latest_checkpoint(resume, required=False)

@@ -117,3 +117,25 @@ def save_model(trainer: Any, path: Path) -> None:
             model.generation_config.save_pretrained(str(path))
         trainer.processing_class.save_pretrained(str(path))
     trainer.accelerator.wait_for_everyone()
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """A round's ``metrics.jsonl`` line as flat scalars under stable ``seal/...`` names (nested
+    dicts become path segments; the interface as the number of components on), for
+    TensorBoard, W&B and any other ``report_to`` backend."""
+    flat: dict[str, float] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}/{key}", item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix] = float(value)
+
+    for key, value in metrics.items():
+        if key == "interface/active":
+            flat["seal/interface/components_on"] = float(len(value))
+        elif key not in ("round", "step", "kind"):
+            walk(f"seal/{key}", value)
+    flat["seal/round"] = float(metrics["round"])
+    return flat

@@ -1,0 +1,311 @@
+"""Environment families: what SEAL's closed loop needs from an environment, and BFCL as the first.
+
+SEAL (Algorithm 1) needs five things from an environment, and nothing else:
+
+1. **tasks** q with ids, categories and splits (:class:`FamilyTask`, :meth:`Family.tasks`);
+2. an **episode** E that takes raw assistant messages and answers with observations
+   (:meth:`Family.make_env`; the driver, :func:`seal_rl.rollout.run_episodes`, speaks to it through
+   :class:`~seal_rl.environments.protocol.Environment`);
+3. the **verdict** V(τ) ∈ [0, 1] with its evidence (:class:`Outcome`, :meth:`Family.verify`);
+4. the evidence **Ψ** reads to label failures (SEAL Eq. 5–6; :func:`seal_rl.diagnose.diagnose`):
+   the execution trace the episode records (parse, schema and execution errors) plus what the
+   verifier reports (expected tools never called, state that differs, information never given);
+5. the **affordances** the interface Ω points to (:attr:`Family.inspect_tools`).
+
+A family of your own subclasses :class:`Family` and fills in :meth:`~Family.tasks`,
+:meth:`~Family.tools`, :meth:`~Family.start`, :meth:`~Family.call` and :meth:`~Family.verify`
+(``examples/families/inventory.py`` is a whole one; docs/environments.md walks through it).
+The episode — parsing the model's message in the recipe's call format, schema checks, error
+observations, limits, the trace and the record — is seal-rl's, the same code as BFCL's, so a
+family never handles model text itself.
+
+A recipe names its family (``family:``): ``bfcl`` (the default), ``tau2-DOMAIN``, or an import
+path ``package.module:Class`` / ``path/to/file.py:Class``. :func:`load_family` resolves it and
+:func:`check_family` says in one line which part of the protocol a family breaks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seal_rl.errors import SealError
+
+SPLITS: tuple[str, ...] = ("train", "test", "all")
+BUILT_IN: tuple[str, ...] = ("bfcl", "tau2-airline", "tau2-retail", "tau2-telecom", "tau2-mock")
+
+
+class ToolError(Exception):
+    """Raised by :meth:`Family.call` for a call the tool refuses (a bad value, a missing record):
+    the agent sees ``Error: <message>`` as the call's result and Ψ sees an execution error."""
+
+
+@dataclass(frozen=True)
+class FamilyTask:
+    """One task of a family.
+
+    id: unique within the family (any string: ``"retail_12"``, ``"7"``).
+    category: a group reported apart (per-category success, validation spread).
+    prompt: the user's opening message.
+    split: ``train`` or ``test``.
+    data: the family's own payload (what :meth:`Family.start` and :meth:`Family.verify` read).
+    """
+
+    id: str
+    category: str
+    prompt: str
+    split: str = "train"
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The verifier's reward for one finished episode and the evidence Ψ labels it with.
+
+    reward: V(τ), in [0, 1]; an episode succeeds at 1.
+    state_ok / state_differences: whether the environment ended in the state the task asks for, and
+        which parts differ (``"what.attribute"`` strings); ``None`` means ``reward >= 1``.
+    response_ok / missing_responses: whether the agent told the user everything it had to, and what
+        it left out.
+    expected_tools: tools a solution calls (an expected tool never called is ``missing_tool_call``).
+    evidence: anything else the family wants kept with the record (JSON-able).
+    """
+
+    reward: float
+    state_ok: bool | None = None
+    state_differences: tuple[str, ...] = ()
+    response_ok: bool = True
+    missing_responses: tuple[str, ...] = ()
+    expected_tools: tuple[str, ...] = ()
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Family:
+    """An environment family: subclass it for your own environment (see the module docstring).
+
+    Required: :meth:`tasks`, :meth:`tools`, :meth:`start`, :meth:`call`, :meth:`verify`.
+    Optional: :meth:`instructions` (system text before the tools), :meth:`reply` (the user's answer
+    to a text message; by default a text message ends the episode), :attr:`inspect_tools`.
+    """
+
+    name: str = "family"
+    inspect_tools: tuple[str, ...] = ()
+    """tools that read state without changing it: Ω's recovery hints point to them"""
+    max_replies: int = 10
+    """user replies per episode before the conversation ends (``reply`` is asked no more)"""
+
+    # -- what a family provides ----------------------------------------------------------------
+
+    def tasks(self) -> Sequence[FamilyTask]:
+        raise NotImplementedError
+
+    def tools(self, task: FamilyTask) -> list[dict[str, Any]]:
+        """The task's tools as JSON-schema function docs: ``{"name", "description", "parameters":
+        {"type": "object", "properties": {...}, "required": [...]}}``."""
+        raise NotImplementedError
+
+    def instructions(self, task: FamilyTask) -> str | None:
+        """System text shown before the tools (a policy, a role); None for none."""
+        return None
+
+    def start(self, task: FamilyTask) -> Any:
+        """A fresh state for one episode of ``task`` (never shared between episodes)."""
+        raise NotImplementedError
+
+    def call(self, state: Any, name: str, arguments: dict[str, Any]) -> str:
+        """Run one tool call on the episode's state and return its result as text; raise
+        :class:`ToolError` for a call the tool refuses. Arguments have been parsed from model text:
+        treat them as hostile (the schema check runs before, but the call still executes)."""
+        raise NotImplementedError
+
+    def reply(self, state: Any, task: FamilyTask, text: str) -> str | None:
+        """The user's answer to the agent's text message, or None to end the conversation."""
+        return None
+
+    def verify(self, task: FamilyTask, state: Any, transcript: Sequence[Mapping[str, Any]]) -> Outcome:
+        """V(τ): score the finished episode from its final ``state`` and the chat ``transcript``."""
+        raise NotImplementedError
+
+    # -- what seal-rl builds from it -----------------------------------------------------------
+
+    def task_set(self) -> TaskSource:
+        return TaskSource(self.tasks())
+
+    def make_env(self, config: Any = None, interface: Any = None, *, catalog: Any = None) -> Any:
+        """One episode environment (reset and reused by the driver)."""
+        from seal_rl.environments.episode import FamilyEnv
+
+        return FamilyEnv(self, config, interface, catalog=catalog)
+
+    def scenario(self, task_id: str) -> str:
+        """Tasks of one scenario share their content: validation never holds out a trained one."""
+        return task_id
+
+
+class TaskSource:
+    """A family's tasks by id and split (what ``TaskSet`` is for BFCL)."""
+
+    def __init__(self, tasks: Iterable[FamilyTask]) -> None:
+        self._tasks = {t.id: t for t in tasks}
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[FamilyTask]:
+        return iter(self._tasks.values())
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    def get(self, task_id: str) -> FamilyTask:
+        try:
+            return self._tasks[str(task_id)]
+        except KeyError:
+            known = ", ".join(list(self._tasks)[:8])
+            raise SealError(f"Unknown task id {task_id!r} for this family (known: {known}"
+                            f"{', ...' if len(self._tasks) > 8 else ''}).") from None  # fmt: skip
+
+    def split_of(self, task_id: str) -> str:
+        return self.get(task_id).split
+
+    def select(self, split: str = "train", categories: Sequence[str] | None = None,
+               ids: Sequence[str] | None = None) -> list[FamilyTask]:  # fmt: skip
+        if split not in SPLITS:
+            raise SealError(f"Unknown split {split!r}; expected one of {', '.join(SPLITS)}.")
+        if ids:
+            return [self.get(i) for i in ids]
+        known = sorted({t.category for t in self})
+        for category in categories or ():
+            if category not in known:
+                raise SealError(f"Unknown category {category!r}; this family has {', '.join(known)}.")
+        return [t for t in self if (split == "all" or t.split == split) and (not categories or t.category in categories)]
+
+
+class BfclFamily:
+    """BFCL multi-turn (the paper's benchmark): :class:`~seal_rl.env.BfclEnv` episodes, the official
+    checker's verdict per user turn, Ψ over its per-turn checks, the 400/400 split."""
+
+    name = "bfcl"
+
+    def __init__(self, task_set: Any = None) -> None:
+        self._task_set = task_set
+
+    def task_set(self) -> Any:
+        if self._task_set is None:
+            from seal_rl.tasks import TaskSet
+
+            self._task_set = TaskSet.load()
+        return self._task_set
+
+    def make_env(self, config: Any = None, interface: Any = None, *, catalog: Any = None) -> Any:
+        from seal_rl.env import BfclEnv
+
+        return BfclEnv(config, interface, catalog=catalog)
+
+    def scenario(self, task_id: str) -> str:
+        """The four categories of one number share their questions (``multi_turn_base_105``: 105)."""
+        return task_id.rsplit("_", 1)[1]
+
+
+REQUIRED: Mapping[str, str] = {
+    "tasks": "tasks() -> a list of FamilyTask",
+    "tools": "tools(task) -> a list of JSON-schema function docs",
+    "start": "start(task) -> a fresh per-episode state",
+    "call": "call(state, name, arguments) -> str",
+    "verify": "verify(task, state, transcript) -> Outcome",
+}
+
+
+def check_family(family: Any, spec: str = "") -> Any:
+    """``family`` if it keeps the protocol, else one :class:`SealError` line naming the broken part
+    and what was expected. Runs every required method once on the first task."""
+    what = spec or type(family).__name__
+    if isinstance(family, BfclFamily) or (hasattr(family, "make_env") and hasattr(family, "task_set")
+                                          and not isinstance(family, Family)):  # fmt: skip
+        return family  # a family that builds its own episodes (BFCL, τ²) is checked by its tests
+    if not isinstance(family, Family):
+        raise SealError(f"family {what}: expected a seal_rl.environments.Family subclass (or an object with "
+                        f"task_set() and make_env()), got {type(family).__name__}.")  # fmt: skip
+    for method, expected in REQUIRED.items():
+        if getattr(type(family), method) is getattr(Family, method):
+            raise SealError(f"family {what}: missing method {method} (expected {expected}).")
+    tasks = list(family.tasks())
+    if not tasks:
+        raise SealError(f"family {what}: tasks() returned no task.")
+    bad = next((t for t in tasks if not isinstance(t, FamilyTask)), None)
+    if bad is not None:
+        raise SealError(f"family {what}: tasks() must return FamilyTask values, got {type(bad).__name__}.")
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise SealError(f"family {what}: task ids must be unique; repeated: {sorted({i for i in ids if ids.count(i) > 1})[:5]}.")
+    wrong_split = next((t for t in tasks if t.split not in ("train", "test")), None)
+    if wrong_split is not None:
+        raise SealError(f"family {what}: task {wrong_split.id!r} has split {wrong_split.split!r}; expected train or test.")
+    task = tasks[0]
+    docs = family.tools(task)
+    if not isinstance(docs, list) or not all(_is_doc(d) for d in docs):
+        raise SealError(f"family {what}: tools(task) must return a list of function docs with name, description and "
+                        "parameters {type: object, properties: {...}}; got " + _shape(docs) + ".")  # fmt: skip
+    return family
+
+
+def _is_doc(doc: Any) -> bool:
+    return (isinstance(doc, Mapping) and isinstance(doc.get("name"), str) and isinstance(doc.get("parameters"), Mapping)
+            and isinstance(doc["parameters"].get("properties", {}), Mapping))  # fmt: skip
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, list) and value:
+        return f"a list whose first item is {type(value[0]).__name__} {str(value[0])[:80]!r}"
+    return f"{type(value).__name__} {str(value)[:80]!r}"
+
+
+def load_family(spec: str = "bfcl", **settings: Any) -> Any:
+    """The family a recipe names: ``bfcl``, ``tau2-DOMAIN`` or ``module:Class`` / ``file.py:Class``
+    (a class is instantiated with ``settings``; a ready object is taken as it is). Bad names are one line."""
+    spec = (spec or "bfcl").strip()
+    if spec == "bfcl":
+        if settings:
+            raise SealError(f"family bfcl takes no family settings; got {', '.join(sorted(settings))}.")
+        return BfclFamily()
+    if spec.startswith("tau2-"):
+        from seal_rl.environments.tau2 import Tau2Family
+
+        return Tau2Family(spec.removeprefix("tau2-"), **settings)
+    if ":" not in spec:
+        raise SealError(f"Unknown family {spec!r}: expected one of {', '.join(BUILT_IN)}, or an import path "
+                        "'package.module:Class' or 'path/to/file.py:Class' (docs/environments.md).")  # fmt: skip
+    where, _, attribute = spec.rpartition(":")
+    module = _import(where, spec)
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise SealError(f"family {spec}: {where} has no attribute {attribute!r}.")
+    family = target(**settings) if inspect.isclass(target) else target
+    return check_family(family, spec)
+
+
+def _import(where: str, spec: str) -> Any:
+    if where.endswith(".py"):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise SealError(f"family {spec}: no file {path}.")
+        name = f"seal_family_{path.stem}"
+        loaded = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loaded)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        try:
+            loaded.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(name, None)
+            raise SealError(f"family {spec}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        return module
+    try:
+        return importlib.import_module(where)
+    except ImportError as exc:
+        raise SealError(f"family {spec}: cannot import {where!r} ({exc}).") from exc
