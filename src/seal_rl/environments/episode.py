@@ -157,6 +157,17 @@ class FamilyEnv(BfclEnv):
     def _open_backends(self, task: EpisodeTask) -> _FamilyBackends:
         return _FamilyBackends(self.family, self.family.start(task.source))
 
+    def _open_turn(self, turn: int) -> list[Message]:
+        self.turn_steps = 0
+        return self.interface.question([{"role": "user", "content": self.family.opening(self._backends.state, self.task.source)}])
+
+    def _execute(self, step: int, calls: Any, ids: Any = ()) -> list[Message]:
+        observation = super()._execute(step, calls, ids)
+        ended = self.family.ended(self._backends.state)
+        if ended is not None and self._limit_reached is None:
+            self._limit_reached = ended  # the world ended the conversation (a stop call, one of its limits)
+        return observation
+
     def _end_turn(self, info: dict[str, Any]) -> tuple[list[Message], str]:
         """A text message goes to the user; the user's answer goes on, ``None`` ends the episode."""
         reply = None
@@ -167,7 +178,7 @@ class FamilyEnv(BfclEnv):
             except Exception as exc:  # the family's user failed on model text: the conversation ends, scored
                 info["user_error"] = f"{type(exc).__name__}: {exc}"
         if reply is None:
-            self._finish("completed")
+            self._finish(self.family.ended(self._backends.state) or "completed")
             return [], "end"
         self.replies += 1
         return self.interface.question([{"role": "user", "content": str(reply)}]), "user_reply"

@@ -128,6 +128,15 @@ class Family:
         """The user's answer to the agent's text message, or None to end the conversation."""
         return None
 
+    def opening(self, state: Any, task: FamilyTask) -> str:
+        """The user's first message (default: the task's prompt; a simulated user writes its own)."""
+        return task.prompt
+
+    def ended(self, state: Any) -> str | None:
+        """Why the world ended the episode on its own (``completed``, or a limit such as ``max_steps``),
+        or None while it goes on. Asked after every step."""
+        return None
+
     def verify(self, task: FamilyTask, state: Any, transcript: Sequence[Mapping[str, Any]]) -> Outcome:
         """V(τ): score the finished episode from its final ``state`` and the chat ``transcript``."""
         raise NotImplementedError
