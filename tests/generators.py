@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from seal_rl.environments.family import load_family, oracle_messages
 from seal_rl.faults import oracle_transcript
 from seal_rl.policies import ScriptedAgent
 from seal_rl.rollout import Generation
 from seal_rl.tools import ToolCall, get_format
 from seal_rl.verify import ground_truth_calls
+
+INVENTORY = str(Path(__file__).resolve().parents[1] / "examples" / "families" / "inventory.py") + ":Inventory"
+"""the example family (docs/environments.md)"""
 
 
 class OracleMix:
@@ -150,24 +156,13 @@ def signal_then_silence(trainer):
     return OracleMix() if trainer.state.global_step == 0 else Silence()
 
 
-def inventory_solution(task) -> list[str]:
-    """The messages that solve a task of ``examples/families/inventory.py`` (hermes calls)."""
-    d, hermes = task.data, get_format("hermes")
-    if d["kind"] == "query":
-        return [hermes.render([ToolCall("get_stock", {"item": d["item"], "shelf": d["source"]})]),
-                f"There are {d['shelves'][d['source']][d['item']]} {d['item']} on shelf {d['source']}."]  # fmt: skip
-    if d["kind"] == "restock":
-        return [hermes.render([ToolCall("set_stock", {"item": d["item"], "shelf": d["target"], "quantity": d["quantity"] + 5})]), "Done."]
-    move = hermes.render([ToolCall("move", {"item": d["item"], "source": d["source"], "target": d["target"], "quantity": d["quantity"]})])
-    return ["Which shelf should I take them from?", move, "Done."] if d["kind"] == "ask_source" else [move, "Done."]
-
-
 class InventoryMix:
     """For the inventory family: episodes 0, 2, ... of a round solve their task; 1, 5, ... answer in
     plain text (missing_tool_call); 3, 7, ... call ``move`` with a quantity in words (argument_mismatch)."""
 
     def __init__(self) -> None:
         self.agents: dict[tuple[str, int], ScriptedAgent] = {}
+        self.family = load_family(INVENTORY)
 
     def generate(self, requests, seed):
         out = []
@@ -176,7 +171,7 @@ class InventoryMix:
             if key not in self.agents:
                 task = request.task
                 if request.episode % 2 == 0:
-                    messages = inventory_solution(task)
+                    messages = oracle_messages(self.family, task, "hermes")
                 elif request.episode % 4 == 1:
                     messages = ["I have taken care of it."]
                 else:

@@ -17,6 +17,7 @@ import random
 import re
 
 from seal_rl.environments import Family, FamilyTask, Outcome, ToolError
+from seal_rl.tools import ToolCall
 
 ITEMS = ("apples", "bolts", "cables", "drills", "gloves", "hammers")
 SHELVES = ("A", "B", "C")
@@ -109,6 +110,15 @@ class Inventory(Family):
             state["asked"] = True
             return f"From shelf {task.data['source']}."
         return None
+
+    def oracle(self, task: FamilyTask) -> list:
+        """The messages that solve the task (a warm start's transcripts)."""
+        d = task.data
+        move = [ToolCall("move", {k: d[k] for k in ("item", "source", "target", "quantity")})]
+        return {"move": [move, "Done."], "ask_source": ["Which shelf should I take them from?", move, "Done."],
+                "restock": [[ToolCall("set_stock", {"item": d["item"], "shelf": d["target"], "quantity": d["quantity"] + 5})], "Done."],
+                "query": [[ToolCall("get_stock", {"item": d["item"], "shelf": d["source"]})],
+                          f"There are {d['shelves'][d['source']][d['item']]} {d['item']} on shelf {d['source']}."]}[d["kind"]]
 
     def verify(self, task: FamilyTask, state: dict, transcript: list[dict]) -> Outcome:
         d, expected = task.data, copy.deepcopy(task.data["shelves"])

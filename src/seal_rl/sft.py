@@ -40,6 +40,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.environments.family import BfclFamily, oracle_messages
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceState
 from seal_rl.policies import Episode, OraclePolicy, ReplayPolicy, ScriptedAgent, parse_policy
@@ -130,9 +131,17 @@ def check_source(source: SFTSource) -> OraclePolicy | ReplayPolicy | Path:
     return policy
 
 
-def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str) -> list[Episode]:
-    """The scripted episodes of one source (before filtering by reward)."""
+def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str,
+                    family: Any = None) -> list[Episode]:  # fmt: skip
+    """The scripted episodes of one source (before filtering by reward). An environment family other
+    than BFCL (``family``) plays its own oracle (:meth:`seal_rl.environments.Family.oracle`)."""
     checked = check_source(source)
+    if family is not None and not isinstance(family, BfclFamily):
+        if source.source != "oracle":
+            raise SealError(f"Warm-start source {source.source!r}: family {family.name} warm-starts from its own oracle "
+                            "only (source: oracle).")  # fmt: skip
+        selected = [task_set.get(t) for t in source.tasks] if source.tasks else tasks
+        return [Episode(i + 1, t, ScriptedAgent(oracle_messages(family, t, call_format))) for i, t in enumerate(selected)]
     if isinstance(checked, Path):
         episodes = _run_episodes(checked, task_set)
     else:
@@ -183,6 +192,7 @@ def build_samples(
     env_config: EnvConfig,
     budgets: Budgets,
     interfaces: Sequence[str] = ("vanilla",),
+    family: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Token-exact SFT samples (``input_ids``, ``assistant_masks``) and a summary of what was kept.
 
@@ -202,15 +212,17 @@ def build_samples(
     dropped: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     for source in sources:
-        episodes = source_episodes(source, tasks, task_set, env_config.call_format)
+        episodes = source_episodes(source, tasks, task_set, env_config.call_format, family)
         for preset in interfaces:
             interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset), call_format=env_config.call_format,
-                                  catalog=catalog, protocol=env_config.protocol)  # fmt: skip
+                                  catalog=catalog, protocol=env_config.protocol,
+                                  inspect_tools=getattr(family, "inspect_tools", None))  # fmt: skip
+            make = family.make_env if family is not None else BfclEnv
             # Fresh agents for every rendering: scripted agents are consumed as they play.
             agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}
             rollouts = run_episodes(
                 [(e.index, e.task, {}) for e in episodes], TranscriptGenerator(agents, chat),
-                lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat, budgets=budgets, concurrency=64,
+                lambda: make(env_config, interface, catalog=catalog), chat=chat, budgets=budgets, concurrency=64,
             )  # fmt: skip
             for rollout in rollouts:
                 trajectory, record = rollout.trajectory, rollout.record

@@ -132,6 +132,11 @@ class Family:
         """The user's first message (default: the task's prompt; a simulated user writes its own)."""
         return task.prompt
 
+    def oracle(self, task: FamilyTask) -> list[Any] | None:
+        """The assistant messages that solve ``task``, each a list of :class:`~seal_rl.tools.ToolCall`
+        or a text, for a warm start (``warm_start.data: [{source: oracle}]``); None when there are none."""
+        return None
+
     def ended(self, state: Any) -> str | None:
         """Why the world ended the episode on its own (``completed``, or a limit such as ``max_steps``),
         or None while it goes on. Asked after every step."""
@@ -220,6 +225,26 @@ class BfclFamily:
     def scenario(self, task_id: str) -> str:
         """The four categories of one number share their questions (``multi_turn_base_105``: 105)."""
         return task_id.rsplit("_", 1)[1]
+
+
+def oracle_messages(family: Any, task: Any, call_format: str) -> list[Any]:
+    """``family.oracle(task)`` as the agent would write it in ``call_format`` (one call a message
+    under ``native``, as the BFCL oracle writes them); one line when the family has no oracle."""
+    from seal_rl.tools import get_format
+
+    script = family.oracle(task) if hasattr(family, "oracle") else None
+    if script is None:
+        raise SealError(f"family {getattr(family, 'name', family)}: no oracle for task {task.id!r}; a warm start from "
+                        "`oracle` needs Family.oracle(task) (docs/environments.md).")  # fmt: skip
+    fmt, messages = get_format(call_format), []
+    for item in script:
+        if isinstance(item, str):
+            messages.append(item)
+        elif fmt.name == "native":
+            messages += [fmt.render([call]) for call in item]
+        else:
+            messages.append(fmt.render(list(item)))
+    return messages
 
 
 REQUIRED: Mapping[str, str] = {

@@ -17,7 +17,9 @@ Two ways to play the user (``family_settings``):
   the agent gets τ²'s solo policy and the ticket, and ends with τ²'s ``done`` tool;
 * ``user: openai:MODEL@URL`` — τ²'s ``UserSimulator`` (its own prompt, temperature 0) on any
   OpenAI-compatible server (``vllm serve``, ``seal rollout-server``). The user is never trained: its
-  messages are observations, so its tokens never reach the loss.
+  messages are observations, so its tokens never reach the loss;
+* ``user: oracle`` — the scripted user of ``seal eval``'s τ² oracle (opens, runs the user-side gold
+  actions, stops): the parity check of this path against the evaluation's.
 
 Differences from ``tau2 run`` a user should know: each tool call of a message is sent to τ² as its
 own agent message (the trace keeps one entry per call; τ²'s ``max_steps`` counts them one by one),
@@ -41,6 +43,7 @@ from typing import Any
 from seal_rl.environments.family import Family, FamilyTask, Outcome, TaskSource, ToolError
 from seal_rl.environments.tau2_world import environment_constructor, scoring_domain
 from seal_rl.errors import SealError
+from seal_rl.ood.tau2_oracle import oracle_classes
 
 DOMAINS = ("airline", "retail", "telecom", "mock")
 READ_PREFIXES = ("get_", "find_", "list_", "search_", "check_", "calculate")
@@ -79,7 +82,7 @@ class Tau2Family(Family):
         if not self.solo and user is None:
             raise SealError(f"{self.name} with a user needs one: family_settings.user=openai:MODEL@URL (a `vllm serve` "
                             "of the user model), or solo: true for tasks with a ticket (telecom, mock).")  # fmt: skip
-        self.user = _user_player(user) if user is not None else None
+        self.user = None if user is None else "oracle" if user == "oracle" else _user_player(user)
         self.user_timeout = user_timeout
         self.max_steps, self.max_errors, self.seed = max_steps, max_errors, seed
         known = splits(self.tau2, domain)
@@ -130,6 +133,18 @@ class Tau2Family(Family):
 
     def reply(self, state: Conversation, task: FamilyTask, text: str) -> str | None:
         return state.text(text)
+
+    def oracle(self, task: FamilyTask) -> list[Any]:
+        """τ²'s gold actions, one call a message (solo: the user-side ones too, then ``done``; with a user:
+        then one message with every ``communicate_info``), as ``seal eval``'s τ² oracle plays them."""
+        from seal_rl.tools import ToolCall
+
+        criteria = task.data.evaluation_criteria
+        actions = [a for a in (criteria.actions or []) if self.solo or a.requestor == "assistant"]
+        script: list[Any] = [[ToolCall(a.name, copy.deepcopy(dict(a.arguments)))] for a in actions]
+        if self.solo:
+            return [*script, [ToolCall("done", {})]]
+        return [*script, " ".join(str(i) for i in criteria.communicate_info or []) or "Done."]
 
     def ended(self, state: Conversation) -> str | None:
         reason = state.termination
@@ -240,10 +255,12 @@ class Conversation:
         tools = list(env.get_tools()) + (list(env.get_user_tools()) if family.solo and env.user_tools else [])
         agent_class = _pushed_class(tau2, family.solo)
         self.agent = agent_class(tools, env.get_policy(), task) if family.solo else agent_class(tools, env.get_policy())
+        user_tools = list(env.get_user_tools()) if env.user_tools else None
         if family.solo:
             user = tau2.user_simulator.DummyUser()
+        elif family.user == "oracle":  # the scripted user of `seal eval`'s τ² oracle (tests, benchmarks)
+            user = oracle_classes(tau2)[1](task=task, tools=user_tools)
         else:
-            user_tools = list(env.get_user_tools()) if env.user_tools else None
             p = family.user
             user = tau2.user_simulator.UserSimulator(
                 tools=user_tools, instructions=str(task.user_scenario), llm=f"openai/{p.model}",
@@ -305,14 +322,22 @@ class Conversation:
         )  # fmt: skip
         domain = scoring_domain(tau2, self.family.domain)
         kind = tau2.evaluator.EvaluationType.ALL
-        simulation.reward_info = tau2.evaluator.evaluate_simulation(simulation=simulation, task=self.task, evaluation_type=kind,
-                                                                    solo_mode=self.family.solo, domain=domain)  # fmt: skip
+        failure = self.failure
+        try:
+            simulation.reward_info = tau2.evaluator.evaluate_simulation(simulation=simulation, task=self.task, evaluation_type=kind,
+                                                                        solo_mode=self.family.solo, domain=domain)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - τ²'s check raised (an assertion on a record never made): no reward
+            failure = f"scoring: {type(exc).__name__}: {str(exc)[:300]}"
+            simulation.reward_info = tau2.simulation.RewardInfo(reward=0.0, info={"note": f"evaluate_simulation raised {failure}"})
         checks = simulation.reward_info
         if self.termination not in STOPPED:
             stopped = simulation.model_copy(update={"termination_reason": reason.AGENT_STOP})
-            checks = tau2.evaluator.evaluate_simulation(simulation=stopped, task=self.task, evaluation_type=kind,
-                                                        solo_mode=self.family.solo, domain=domain)  # fmt: skip
-        return simulation, checks, self.failure
+            try:
+                checks = tau2.evaluator.evaluate_simulation(simulation=stopped, task=self.task, evaluation_type=kind,
+                                                            solo_mode=self.family.solo, domain=domain)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - e.g. an environment assertion on a record never made
+                checks, failure = None, failure or f"checks: {type(exc).__name__}: {str(exc)[:300]}"
+        return simulation, checks, failure
 
     # -- stepping τ²'s orchestrator ------------------------------------------------------------
 
@@ -352,6 +377,7 @@ def outcome(scored: tuple[Any, Any, Any], task: Any) -> Outcome:
     """The :class:`Outcome` of a scored conversation: τ²'s reward, and Ψ's evidence from its checks."""
     simulation, checks, failure = scored
     reward = float(simulation.reward_info.reward)
+    checks = checks if checks is not None else simulation.reward_info  # the checks could not run: the reward's alone
     called: dict[str, list[dict[str, Any]]] = {}
     for message in simulation.messages:
         for call in getattr(message, "tool_calls", None) or []:
@@ -368,8 +394,9 @@ def outcome(scored: tuple[Any, Any, Any], task: Any) -> Outcome:
     differences += [f"assertion.{c.env_assertion.func_name}" for c in checks.env_assertions or [] if not c.met]
     missing = [c.info for c in checks.communicate_checks or [] if not c.met]
     termination = simulation.termination_reason.value
-    if reward < 1 and termination not in STOPPED and not differences and not missing:
-        differences.append(f"conversation.{termination}")  # every check held, but τ² scores no unfinished conversation
+    if reward < 1 and not differences and not missing:  # every check held (or none could run)
+        why = "scoring" if (failure or "").startswith(("scoring", "checks")) else termination
+        differences.append(f"conversation.{why}")  # τ² scores no unfinished conversation; a check that raised scores 0
     expected = tuple(a["name"] for a in actions if a["requestor"] == "assistant")
     evidence = {
         "termination_reason": termination, "failure": failure, "actions": actions,

@@ -75,7 +75,8 @@ def _spread(pool: Sequence[Task], n: int, seed: int, scenario_of: Any = scenario
     return sorted(chosen, key=order)
 
 
-def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence[Task], base_model: str) -> Path:
+def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence[Task], base_model: str,
+               family: Any = None) -> Path:  # fmt: skip
     """SFT ``base_model`` on the recipe's warm-start sources into ``out`` (model in ``out/model``).
 
     Samples are played under the recipe's environment and budgets and every preset of
@@ -85,7 +86,7 @@ def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence
 
     ws = recipe.warm_start
     samples, summary = build_samples(ws.data, tasks, task_set, AutoTokenizer.from_pretrained(base_model),
-                                     EnvConfig(**recipe.env), Budgets(**recipe.budgets), ws.interfaces)  # fmt: skip
+                                     EnvConfig(**recipe.env), Budgets(**recipe.budgets), ws.interfaces, family)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "samples.json").write_text(json.dumps(summary, indent=1) + "\n")
     return run_sft(base_model, samples, ws.sft, out, dtype=recipe.model.dtype,

@@ -407,9 +407,10 @@ def check_family_spec(recipe: SealRecipe) -> None:
                         "'package.module:Class' or 'path/to/file.py:Class' (docs/environments.md).")  # fmt: skip
     if recipe.env.get("protocol", "seal") != "seal" or (recipe.eval.protocol or "seal") != "seal":
         raise SealError(f"family {recipe.family}: env.protocol and eval.protocol must be seal (bfcl is BFCL's own loop).")
-    if recipe.warm_start.data and not recipe.family.startswith("tau2-"):
-        raise SealError(f"family {recipe.family}: warm_start.data replays BFCL ground truth; this family has none. "
-                        "Drop warm_start.data, or warm-start the model with `seal sft` on your own data first.")  # fmt: skip
+    for source in recipe.warm_start.data:
+        if source.source != "oracle":
+            raise SealError(f"family {recipe.family}: warm-start source {source.source!r} replays BFCL transcripts; a "
+                            "family warm-starts from its own oracle only (source: oracle, Family.oracle).")  # fmt: skip
 
 
 def _check_servers(recipe: SealRecipe) -> None:

@@ -122,7 +122,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                 raise SealError("The warm start runs in one process: run `seal sft` first, then train with "
                                 "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
             if not (out / "warm_start" / "model" / "config.json").exists():
-                warm_start(recipe, out / "warm_start", task_set, tasks, model_path)
+                warm_start(recipe, out / "warm_start", task_set, tasks, model_path, family)
             model_path = str(out / "warm_start" / "model")
 
         g = recipe.grpo
