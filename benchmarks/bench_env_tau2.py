@@ -85,7 +85,7 @@ def gym_episode(tau2, domain: str, task) -> tuple[float, object]:
     env.reset(seed=0)
     terminated, info = False, {}
     for action in _actions(task, solo):
-        _, reward, terminated, _, info = env.step(action)
+        _, _, terminated, _, info = env.step(action)
         if terminated:
             break
     seconds = time.perf_counter() - began

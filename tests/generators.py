@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from seal_rl.environments.family import load_family, oracle_messages
+from seal_rl.environments import load_family, oracle_messages
 from seal_rl.faults import oracle_transcript
 from seal_rl.policies import ScriptedAgent
 from seal_rl.rollout import Generation

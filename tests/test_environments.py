@@ -123,7 +123,7 @@ def test_seal_train_refuses_a_bad_family_before_anything_starts(monkeypatch, cap
 
 
 def test_the_oracle_solves_every_task_and_a_wrong_move_loses_it(inventory):
-    from seal_rl.environments.family import oracle_messages
+    from seal_rl.environments import oracle_messages
 
     for task in inventory.tasks():
         _, record = _play(inventory, task, oracle_messages(inventory, task, "hermes"))

@@ -8,10 +8,10 @@ user, or none); the **verifier** scores the finished episode; **Ψ** labels it; 
 interface the policy sees.
 """
 
-from seal_rl.environments.family import (
-    BUILT_IN, BfclFamily, Family, FamilyTask, Outcome, TaskSource, ToolError, check_family, load_family,
-)  # fmt: skip
+from seal_rl.environments.family import BfclFamily, Family, FamilyTask, TaskSource, oracle_messages
+from seal_rl.environments.load import BUILT_IN, check_family, load_family
+from seal_rl.environments.outcome import Outcome, ToolError
 from seal_rl.environments.protocol import Environment
 
 __all__ = ["BUILT_IN", "BfclFamily", "Environment", "Family", "FamilyTask", "Outcome", "TaskSource", "ToolError",
-           "check_family", "load_family"]  # fmt: skip
+           "check_family", "load_family", "oracle_messages"]  # fmt: skip

@@ -19,15 +19,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seal_rl.backends import CallOutcome
 from seal_rl.env import BfclEnv, EnvConfig, episode_record
-from seal_rl.environments.family import Family, FamilyTask, Outcome, ToolError
+from seal_rl.environments.outcome import Outcome, ToolError
 from seal_rl.errors import SealError
 from seal_rl.interface import Message
 from seal_rl.reasoning import answer
 from seal_rl.verify import StateDifference, TurnCheck, Verdict
+
+if TYPE_CHECKING:
+    from seal_rl.environments.family import Family, FamilyTask
 
 SUCCESS = 1 - 1e-6
 """an episode succeeds when its reward is 1 (up to rounding)"""

@@ -40,7 +40,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from seal_rl.environments.family import Family, FamilyTask, Outcome, TaskSource, ToolError
+from seal_rl.environments.family import Family, FamilyTask, TaskSource
+from seal_rl.environments.outcome import Outcome, ToolError
 from seal_rl.environments.tau2_world import environment_constructor, scoring_domain
 from seal_rl.errors import SealError
 from seal_rl.ood.tau2_oracle import oracle_classes
@@ -97,7 +98,8 @@ class Tau2Family(Family):
             tasks.append(FamilyTask(str(task.id), _category(domain, str(task.id)), task.ticket or "",
                                     split_of.get(str(task.id), "train"), task))  # fmt: skip
         if not tasks:
-            raise SealError(f"{self.name} has no task with a ticket: solo mode cannot play it; set family_settings.user.")
+            raise SealError(f"{self.name} has no task τ²'s solo agent can play (it needs a ticket and gold actions): "
+                            "set family_settings.user.")  # fmt: skip
         self._tasks, self._unplayable = tasks, unplayable
         probe = environment_constructor(self.tau2, domain)(solo_mode=self.solo)
         self._policy = probe.get_policy()
@@ -151,7 +153,7 @@ class Tau2Family(Family):
         return None if reason is None else ("completed" if reason in STOPPED else reason)
 
     def verify(self, task: FamilyTask, state: Conversation, transcript: Sequence[Mapping[str, Any]]) -> Outcome:
-        return outcome(state.score(), task.data)
+        return outcome(state.score(), solo=self.solo)
 
     def scenario(self, task_id: str) -> str:
         return task_id
@@ -373,8 +375,9 @@ class Conversation:
         return None if last is None else (last.content or "")
 
 
-def outcome(scored: tuple[Any, Any, Any], task: Any) -> Outcome:
-    """The :class:`Outcome` of a scored conversation: τ²'s reward, and Ψ's evidence from its checks."""
+def outcome(scored: tuple[Any, Any, Any], *, solo: bool) -> Outcome:
+    """The :class:`Outcome` of a scored conversation: τ²'s reward, and Ψ's evidence from its checks
+    (solo: the agent makes the user-side gold actions too, so they are its expected tools)."""
     simulation, checks, failure = scored
     reward = float(simulation.reward_info.reward)
     checks = checks if checks is not None else simulation.reward_info  # the checks could not run: the reward's alone
@@ -397,7 +400,7 @@ def outcome(scored: tuple[Any, Any, Any], task: Any) -> Outcome:
     if reward < 1 and not differences and not missing:  # every check held (or none could run)
         why = "scoring" if (failure or "").startswith(("scoring", "checks")) else termination
         differences.append(f"conversation.{why}")  # τ² scores no unfinished conversation; a check that raised scores 0
-    expected = tuple(a["name"] for a in actions if a["requestor"] == "assistant")
+    expected = tuple(a["name"] for a in actions if solo or a["requestor"] == "assistant")
     evidence = {
         "termination_reason": termination, "failure": failure, "actions": actions,
         "communicate": [{"info": c.info, "met": c.met} for c in checks.communicate_checks or []],

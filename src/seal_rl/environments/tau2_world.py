@@ -9,20 +9,24 @@ constructors take). :func:`scoring_domain` registers that constructor in τ²'s 
 ``seal-fast-<domain>``, so that ``evaluate_simulation(domain=scoring_domain(tau2, domain), ...)``
 runs τ²'s own evaluators unchanged and only builds its environments faster.
 
-What is cached, per domain and per process: the ``model_dump()`` of the database(s) of one
-environment built by τ²'s own constructor. Each call re-validates that dict into a new database
-model (``DB.load`` is ``model_validate`` of the parsed file; this skips only the file parse).
-Why it is exact: the copy dumps equal to τ²'s freshly loaded database (same ``get_db_hash``),
-and none of the databases has an ``Any``-typed field, so validation builds new containers all
-the way down: a write in one episode's environment reaches neither the cache nor another
-episode (tests/test_tau2_world.py checks both). Measured on 2 cores (airline's 7 MB database):
-re-validating the dict takes ~60 ms, ``copy.deepcopy`` and ``model_copy(deep=True)`` ~170 ms,
-pickle ~80 ms, τ²'s load ~110 ms. Telecom's databases are tiny (construction ~3 ms either way).
+What is cached, per domain and per process (``lru_cache``; ``_fast_constructor.cache_clear()``
+resets it): the ``model_dump()`` of the database(s) of one environment built by τ²'s own
+constructor (airline ~12 MiB, retail ~6 MiB, telecom and mock tiny). Each call re-validates that
+dict into a new database model: τ²'s ``DB.load`` is ``model_validate`` of the parsed file, so this
+skips only the JSON parse. Why it is exact: the copy dumps equal to τ²'s freshly loaded database
+(same ``get_db_hash``), and no database field is ``Any``-typed, so validation builds new models,
+lists and dicts all the way down: a write in one episode's environment reaches neither the cache
+nor another episode (tests/test_tau2_world.py checks all of it). Per copy of airline's 7 MB
+database on 2 cores (best of several; the cyclic GC adds as much again on average): re-validating
+the dict ~60 ms, ``model_validate_json`` ~100 ms, pickle ~80 ms, τ²'s load ~105 ms,
+``copy.deepcopy`` and ``model_copy(deep=True)`` ~170 ms.
 
-Per-episode environment time (``make bench-env-tau2``; reset + gold tool steps + scoring with the
-gold task object at hand against τ²'s ``AgentGymEnv``, which reloads the task file on every
-step): see benchmarks/bench_env_tau2.py for the table; telecom solo is ~40x faster, airline and
-retail (whose scoring hashes the whole database four times, τ²'s own cost) ~2x.
+Per-episode environment time, scripted gold episodes (``make bench-env-tau2``: reset + tool steps
++ scoring, ms per episode, 2 cores, against τ²'s ``AgentGymEnv`` as shipped): telecom solo
+~5000 -> ~90 (55x; mostly the task file that AgentGymEnv re-reads and re-validates ~7 times an
+episode, where an episode here has its task at hand), mock solo 40 -> 15, airline ~2100 -> ~760
+and retail ~1200 -> ~420 (~3x; their scoring hashes the whole database four times, τ²'s own
+cost); rewards and ``reward_info`` identical on every task.
 """
 
 from __future__ import annotations

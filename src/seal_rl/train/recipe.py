@@ -400,7 +400,7 @@ def validate(recipe: SealRecipe) -> None:
 
 def check_family_spec(recipe: SealRecipe) -> None:
     """A family other than BFCL: a well-formed name, the seal protocol, and no BFCL-only setting."""
-    from seal_rl.environments.family import BUILT_IN
+    from seal_rl.environments.load import BUILT_IN
 
     if recipe.family not in BUILT_IN and ":" not in recipe.family:
         raise SealError(f"Unknown family {recipe.family!r}: expected one of {', '.join(BUILT_IN)}, or an import path "

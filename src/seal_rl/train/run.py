@@ -26,7 +26,8 @@ from seal_rl.precision import checkpoint_dtype, training_dtype
 from seal_rl.rollout import Budgets
 from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
-from seal_rl.environments.family import BfclFamily, load_family
+from seal_rl.environments.family import BfclFamily
+from seal_rl.environments.load import load_family
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, planned_interface, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (

@@ -1,0 +1,136 @@
+"""τ²-bench as a training family (seal_rl.environments.tau2): τ²'s own orchestrator and scorer behind
+a training episode, the reward re-scored from the saved simulation, Ψ's evidence, hostile model output,
+and one-line refusals of what cannot be played."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("tau2")
+
+from seal_rl.diagnose import add_diagnosis  # noqa: E402
+from seal_rl.environments import load_family  # noqa: E402
+from seal_rl.environments import oracle_messages  # noqa: E402
+from seal_rl.errors import SealError  # noqa: E402
+from seal_rl.tools import ToolCall, get_format  # noqa: E402
+
+HERMES = get_format("hermes")
+TELECOM_TASK = "[mobile_data_issue]airplane_mode_on|data_mode_off[PERSONA:None]"
+
+
+@pytest.fixture(scope="module")
+def mock():
+    return load_family("tau2-mock", solo=True)
+
+
+@pytest.fixture(scope="module")
+def telecom():
+    return load_family("tau2-telecom", solo=True)
+
+
+def _play(family, task, messages, config=None):
+    env = family.make_env(config)
+    env.reset(task)
+    for message in messages:
+        if env.done:
+            break
+        env.step(message)
+    if not env.done:
+        env.truncate("policy_exhausted")
+    record = env.record()
+    add_diagnosis(record)
+    return env, record
+
+
+def _rescored(family, record):
+    """τ²'s own evaluate_simulation re-run on the SimulationRun the record saved."""
+    tau2 = family.tau2
+    simulation = tau2.simulation.SimulationRun.model_validate(record["verdict"]["evidence"]["simulation"])
+    task = family.task_set().get(record["task_id"]).data
+    return tau2.evaluator.evaluate_simulation(simulation=simulation, task=task, evaluation_type=tau2.evaluator.EvaluationType.ALL,
+                                              solo_mode=family.solo, domain=family.domain).reward  # fmt: skip
+
+
+def _labels(record):
+    return [t["label"] for t in record["diagnosis"]["labels"]]
+
+
+def test_the_gold_actions_earn_taus_reward_and_the_saved_simulation_rescores_to_it(mock, telecom):
+    for family, task_id in ((mock, "create_task_1"), (mock, "update_task_1"), (telecom, TELECOM_TASK)):
+        task = family.task_set().get(task_id)
+        _, record = _play(family, task, oracle_messages(family, task, "hermes"))
+        assert record["reward"] == 1.0 and _labels(record) == ["pass"] and record["end_reason"] == "completed"
+        assert _rescored(family, record) == record["reward"]
+        assert json.loads(json.dumps(record))["verdict"]["evidence"]["termination_reason"] == "agent_stop"
+
+
+def test_a_wrong_write_loses_the_reward_and_psi_says_which_action(mock):
+    task = mock.task_set().get("create_task_1")
+    gold = task.data.evaluation_criteria.actions[0]
+    wrong = {**dict(gold.arguments), "title": "Something else"}
+    _, record = _play(mock, task, [HERMES.render([ToolCall(gold.name, wrong)]), HERMES.render([ToolCall("done", {})])])
+    assert record["reward"] == 0.0 == _rescored(mock, record)
+    evidence = record["verdict"]["evidence"]
+    assert evidence["actions"] == [{"name": gold.name, "requestor": "assistant", "status": "other_arguments"}]
+    assert evidence["db_match"] is False
+    label = record["diagnosis"]["labels"][0]
+    assert label["label"] == "state_mismatch"
+    assert {"class_name": "action", "attribute": gold.name} in label["evidence"]["differences"]
+
+
+def test_a_conversation_tau2_ends_early_still_gets_labels(mock, telecom):
+    """τ² scores 0 without checks for a conversation that did not stop; Ψ still labels it from the
+    checks run as if it had (a small model's most common episode)."""
+    task = telecom.task_set().get(TELECOM_TASK)
+    # plain text in solo mode: τ²'s agent_error at once
+    _, record = _play(telecom, task, ["I think the phone is fine."])
+    assert record["reward"] == 0.0 and record["end_reason"] == "agent_error"
+    assert _labels(record) == ["missing_tool_call"]
+    never = [a for a in record["verdict"]["evidence"]["actions"] if a["status"] == "never_called"]
+    assert never and record["diagnosis"]["labels"][0]["evidence"].get("text") == "I think the phone is fine."
+    # reads only, until τ²'s max_steps: the conversation ends there, labelled by the actions never made
+    small = load_family("tau2-telecom", solo=True, max_steps=6)
+    read = HERMES.render([ToolCall("check_status_bar", {})])
+    _, record = _play(small, task, [read] * 10)
+    assert record["end_reason"] == "max_steps" and record["reward"] == 0.0
+    assert record["verdict"]["evidence"]["termination_reason"] == "max_steps"
+    assert _labels(record) == ["missing_tool_call"] and record["diagnosis"]["labels"][0]["evidence"]["never_called"]
+
+
+def test_hostile_model_output_is_an_error_observation_and_a_label_never_a_crash(mock):
+    task = mock.task_set().get("create_task_1")
+    messages = [
+        "<tool_call>{not json</tool_call>",                                        # unparsable
+        HERMES.render([ToolCall("rm_rf", {"path": "/"})]),                          # unknown tool
+        HERMES.render([ToolCall("create_task", {"user_id": ["x"], "title": 7})]),   # wrong types: τ²'s own error
+        "\ud800" * 3 + "x" * 200_000,                                               # lone surrogates, too long
+    ]  # fmt: skip
+    env, record = _play(mock, task, messages)
+    assistant = [m for m in record["messages"] if m["role"] == "user"][1:]
+    assert assistant[0]["content"].startswith("[ERROR] Invalid tool call format")
+    assert "no tool named 'rm_rf'" in assistant[1]["content"]
+    kinds = [e["error_kind"] for e in record["trace"]]
+    assert kinds[:3] == ["parse", "unknown_tool", "schema"] and record["trace"][2]["result"].startswith("Error: ")
+    assert len(_labels(record)) == 1 and record["reward"] == 0.0
+    json.dumps(record)  # every writer takes it
+
+
+@pytest.mark.parametrize("spec, settings, expected", [
+    ("tau2-bank", {}, "Unknown τ² domain 'bank'"),
+    ("tau2-airline", {"solo": True}, "has no task τ²'s solo agent can play"),
+    ("tau2-airline", {"solo": False}, "needs one: family_settings.user=openai:MODEL@URL"),
+    ("tau2-mock", {"solo": True, "user": "oracle"}, "solo mode has no user"),
+    ("tau2-retail", {"user": "hf:some/model"}, "family_settings.user 'hf:some/model'"),
+])  # fmt: skip
+def test_what_cannot_be_played_is_one_line(spec, settings, expected):
+    with pytest.raises(SealError) as raised:
+        load_family(spec, **settings)
+    assert expected in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_task_solo_mode_cannot_play_is_one_line(mock):
+    with pytest.raises(SealError, match="cannot be played solo"):
+        mock.task_set().get("create_task_1_nl_eval")
+    assert "create_task_1_nl_eval" not in {t.id for t in mock.tasks()}
