@@ -34,6 +34,35 @@ def run(tau2, domain, tasks, out, agent, user, **kwargs):
     return evaluate_tau2(tau2, domain, tasks, out, agent=agent, user=user, config={"split": "test"}, concurrency=2, **kwargs)
 
 
+def training_path_rewards(domain, task_ids, **settings):
+    """{task id: reward} of the oracle (gold actions, then communicate_info) played through training episodes
+    of the tau2-DOMAIN family with the scripted user (or ``settings``), enough model calls for every gold action."""
+    from seal_rl.env import EnvConfig
+    from seal_rl.environments import load_family, oracle_messages
+
+    family = load_family(f"tau2-{domain}", **(settings or {"user": "oracle"}))
+    env = family.make_env(EnvConfig(max_model_calls=100))
+    rewards = {}
+    for task_id in task_ids:
+        task = family.task_set().get(task_id)
+        env.reset(task)
+        for message in oracle_messages(family, task, "hermes"):
+            if env.done:
+                break
+            env.step(message)
+        rewards[task_id] = env.record()["reward"] if env.done else None
+    return rewards
+
+
+def test_the_oracle_earns_the_same_reward_on_mock_through_training_episodes_as_through_evaluation(tau2, tmp_path):
+    tasks = list(tau2.registry.get_tasks_loader("mock")())  # mock has no split_tasks.json
+    run(tau2, "mock", tasks, tmp_path / "oracle", Player("oracle"), Player("oracle"))
+    records = [json.loads(line) for line in (tmp_path / "oracle" / "results.jsonl").read_text().splitlines()]
+    evaluated = {r["task_id"]: r["reward"] for r in records}
+    assert training_path_rewards("mock", [t.id for t in tasks]) == evaluated
+    assert 0 < sum(evaluated.values()) < len(tasks)  # mock has tasks the oracle fails on both paths: parity is not all-ones
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_the_oracle_earns_every_test_tasks_reward_and_a_wrong_write_loses_it(tau2, domain, tmp_path):
@@ -53,6 +82,9 @@ def test_the_oracle_earns_every_test_tasks_reward_and_a_wrong_write_loses_it(tau
     # τ²'s own Results file, read and scored by τ²'s metrics
     results = tau2.simulation.Results.model_validate_json((tmp_path / "oracle" / TAU2_RESULTS_FILE).read_text())
     assert len(results.simulations) == len(tasks) and tau2.metrics.compute_metrics(results).avg_reward == 1.0
+
+    # parity: the same oracle through seal train's episodes (seal_rl.environments.tau2) earns the same reward per task
+    assert training_path_rewards(domain, [t.id for t in tasks]) == {r["task_id"]: r["reward"] for r in records}
 
     played = {t.id: w for t in tasks if (w := with_wrong_write(tau2, domain, t)) is not None}
     assert len(played) >= len(tasks) // 2  # most tasks change the database
