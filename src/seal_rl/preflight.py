@@ -199,14 +199,16 @@ def round_tasks(pool: Sequence[Task], n: int, seed: int) -> list[Task]:
 
 def play_round(state: InterfaceState, env_config: EnvConfig, budgets: Budgets, tasks: Sequence[Task], samples: int,
                generator: Any, chat: Any, *, seed: int, concurrency: int, scheduler: str, priority: Any = None,
-               on_done: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+               on_done: Callable[[Any], None] | None = None, family: Any = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every task ``samples`` times under ``state``, as ``SealLoop.rollout`` plays a round (the
-    training interface, the driver seed ``seed``); each record diagnosed and tagged with its sample."""
+    training interface, the driver seed ``seed``); each record diagnosed and tagged with its sample.
+    ``family``: the recipe's environment family (default BFCL)."""
     catalog = ToolCatalog()
     interface = Interface(env_config.prompt_mode, state, call_format=env_config.call_format, catalog=catalog,
-                          protocol=env_config.protocol, training=True)  # fmt: skip
+                          protocol=env_config.protocol, training=True, inspect_tools=getattr(family, "inspect_tools", None))  # fmt: skip
+    make = family.make_env if family is not None else BfclEnv
     episodes = [(i, task, {"sample": s}) for i, (task, s) in enumerate((t, s) for t in tasks for s in range(samples))]
-    rollouts = run_episodes(episodes, generator, lambda: BfclEnv(env_config, interface, catalog=catalog), chat=chat,
+    rollouts = run_episodes(episodes, generator, lambda: make(env_config, interface, catalog=catalog), chat=chat,
                             budgets=budgets, concurrency=concurrency, seed=seed, scheduler=scheduler, on_done=on_done)  # fmt: skip
     for rollout in rollouts:
         add_diagnosis(rollout.record, *(() if priority is None else (priority,)))
@@ -261,15 +263,17 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     from seal_rl.policies import parse_policy
     from seal_rl.profile import CapabilityProfile, EpisodeLabels
     from seal_rl.rollout import derived_seed
-    from seal_rl.tasks import TaskSet
+    from seal_rl.environments import BfclFamily, load_family
     from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
     from seal_rl.train.recipe import interface_config
     from seal_rl.trajectory import ChatTokens
 
     out = Path(out)
     g = recipe.grpo
-    task_set = TaskSet.load()
-    pool = select_tasks(recipe, task_set)[0]
+    family = load_family(recipe.family, **recipe.family_settings)
+    bfcl = isinstance(family, BfclFamily)
+    task_set = family.task_set()
+    pool = select_tasks(recipe, task_set, family)[0]
     n, samples = tasks or g.tasks_per_step, samples or g.num_generations
     if not 1 <= n <= len(pool) or samples < 1:
         raise SealError(f"--tasks must be 1..{len(pool)} (the recipe's training tasks) and --samples >= 1; got {n} and {samples}.")
@@ -282,13 +286,15 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     except SealError as exc:
         fit = str(exc)
     checks = [fit_check(fit)]
-    base_model = model or _prepare_model(recipe, out, task_set)
+    base_model = model or _prepare_model(recipe, out, task_set if bfcl else None)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     recipe.env, picked = resolve_auto(recipe.env, tokenizer)
     if picked:
         say(picked)
-    count = count_for_recipe(recipe, tokenizer, task_set, pool)
-    checks.append(budget_check(count, thresholds=thresholds))
+    if bfcl:  # the ground truths replayed within the budgets: BFCL's ground truth
+        checks.append(budget_check(count_for_recipe(recipe, tokenizer, task_set, pool), thresholds=thresholds))
+    else:
+        checks.append(Check("budgets", "ok", f"not checked: family {family.name} has no ground truth to replay"))
     model_path = base_model
     if recipe.warm_start.data and model is None:
         target = out / "warm_start" / "model"
@@ -296,7 +302,7 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
             say(f"warm start: reusing {target}")
         else:
             say("warm start: the recipe fine-tunes the model first (warm_start.data); give --model DIR to play another")
-            warm_start(recipe, out / "warm_start", task_set, pool, base_model)
+            warm_start(recipe, out / "warm_start", task_set, pool, base_model, family)
         model_path = str(target)
 
     engine, note = _backend(backend, g.use_vllm)
@@ -318,7 +324,7 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
         with (progress(name, len(chosen_tasks) * samples) if progress else nullcontext(None)) as advance:
             records = play_round(state, env_config, budgets, chosen_tasks, samples, generator, chat, seed=seed,
                                  concurrency=recipe.concurrency, scheduler=recipe.rollout_scheduler, priority=priority,
-                                 on_done=advance)  # fmt: skip
+                                 on_done=advance, family=family)  # fmt: skip
         seconds[name] = round(time.perf_counter() - began, 1)
         jsonl.rewrite(out / f"{name.replace(' ', '_')}.jsonl", records)
         return records

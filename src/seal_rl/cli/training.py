@@ -92,6 +92,7 @@ def plan_command(
     colocated plan on all of them (synchronous, or asynchronous at the recipe's staleness).
     """
     from seal_rl.plan import Assumptions, estimate, estimate_split, render, render_split
+    from seal_rl.plan.estimate import user_line
     from seal_rl.plan.micro_batch import AUTO, choose_micro_batch, with_micro_batch
     from seal_rl.train import load_recipe
 
@@ -119,6 +120,8 @@ def plan_command(
     out.print(f"seal plan: {config}", markup=False, highlight=False, soft_wrap=True)
     if chosen:
         out.print(chosen, markup=False, highlight=False, soft_wrap=True)
+    if user_line(recipe):  # a simulated user's server is GPUs on top of these
+        out.print(user_line(recipe), markup=False, highlight=False, soft_wrap=True)
     # The verdict is the report's last line, printed once; the exit code tells scripts.
     out.print(render(plan, budgets=_budget_count_line(recipe)), markup=False, highlight=False, soft_wrap=True)
     if not plan.fits:
@@ -133,6 +136,8 @@ def _budget_count_line(recipe) -> str:
     from seal_rl.plan import PRESET_PREFIX
 
     path = recipe.model.path
+    if recipe.family != "bfcl":
+        return f"ground truths within budgets: not counted (family {recipe.family} has no ground truth to replay)"
     if path.startswith(PRESET_PREFIX):
         return "ground truths within budgets: not counted (a preset has no tokenizer; give model.path=MODEL_DIR to count)"
     from transformers import AutoTokenizer

@@ -41,7 +41,7 @@ from typing import Any
 from seal_rl import jsonl
 from seal_rl.credit import turn_outcomes
 from seal_rl.diagnose import add_diagnosis
-from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError
 from seal_rl.families import resolve_auto
 from seal_rl.generators import HFGenerator, VLLMGenerator
@@ -171,7 +171,7 @@ class BfclRollout:
         chat = loop.chat(trainer)
         episodes = [(i, loop.task_set.get(p[-1]["content"]), {}) for i, p in enumerate(prompts)]
         rollouts = run_episodes(
-            episodes, self._generator(trainer), lambda: BfclEnv(loop.validation_config, catalog=loop.catalog),
+            episodes, self._generator(trainer), lambda: loop.family.make_env(loop.validation_config, catalog=loop.catalog),
             chat=chat.for_inference(), budgets=loop.budgets, concurrency=loop.recipe.concurrency,
             seed=derived_seed(loop.recipe.grpo.seed, "eval", trainer.state.global_step), scheduler=loop.recipe.rollout_scheduler,
         )  # fmt: skip

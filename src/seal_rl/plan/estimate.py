@@ -375,11 +375,22 @@ def forward_passes(recipe: SealRecipe, layout: dict[str, int]) -> int:
 
 
 def _training_tasks(recipe: SealRecipe) -> int:
-    from seal_rl.tasks import TaskSet
+    from seal_rl.environments import load_family
     from seal_rl.train.prepare import select_tasks
 
-    tasks, _ = select_tasks(recipe, TaskSet.load())
+    family = load_family(recipe.family, **recipe.family_settings)
+    tasks, _ = select_tasks(recipe, family.task_set(), family)
     return len(tasks)
+
+
+def user_line(recipe: SealRecipe) -> str | None:
+    """A recipe whose family plays a simulated user on a server (``family_settings.user``): where it runs
+    and the GPUs it needs besides the plan's (none of the plan's GPUs serve it)."""
+    user = str(recipe.family_settings.get("user") or "")
+    if not user.startswith("openai:"):
+        return None
+    return (f"user simulator: {user.removeprefix('openai:')} on its own server, not among these GPUs: count its GPUs "
+            "on top (a 7-8B user in bf16: one 80 GB GPU, `vllm serve`); it is never trained")
 
 
 # -- throughput --------------------------------------------------------------------------------
