@@ -134,3 +134,23 @@ def test_a_task_solo_mode_cannot_play_is_one_line(mock):
     with pytest.raises(SealError, match="cannot be played solo"):
         mock.task_set().get("create_task_1_nl_eval")
     assert "create_task_1_nl_eval" not in {t.id for t in mock.tasks()}
+
+
+def test_in_solo_mode_the_interface_never_tells_the_agent_to_write_to_a_user(mock, telecom):
+    """Ω's φ_err hints offer asking the user; in τ²'s solo mode a text message ends the episode, so the
+    family's affordances turn those into looking the value up (and say which tools read state)."""
+    from seal_rl.environments.family import affordances
+    from seal_rl.interface import Interface, InterfaceState
+
+    state = InterfaceState(preset="seal", parse_hints=True, tool_hints=True)
+    task = mock.task_set().get("create_task_1")
+    gold = task.data.evaluation_criteria.actions[0]
+    missing = HERMES.render([ToolCall(gold.name, {"title": "x"})])  # user_id left out: τ² refuses the call
+    for family, expect_user in ((mock, False), (load_family("tau2-mock", user="oracle"), True)):
+        env = family.make_env(None, Interface("bfcl_qwen_fc", state, **affordances(family)))
+        env.reset(family.task_set().get("create_task_1"))
+        rejected = env.step("<tool_call>{broken</tool_call>")[0][0]["content"]
+        hinted = env.step(missing)[0][0]["content"]
+        assert ("answer in plain text" in rejected) is expect_user
+        assert ("ask the user" in hinted) is expect_user and ("look it up with the tools" in hinted) is (not expect_user)
+    assert affordances(telecom)["inspect_tools"] and "get_customer_by_phone" in affordances(telecom)["inspect_tools"]

@@ -111,6 +111,8 @@ ALL_TOOLS = "*"
 # Every φ_err hint that suggests retrying a call also offers asking the user (a miss_param turn
 # is passed by asking, not by guessing). Fixed text: it never depends on what is actually missing.
 ASK_USER = "if a value you need is not known, ask the user"
+LOOK_UP = "if a value you need is not known, look it up with the tools"
+"""what replaces :data:`ASK_USER` where nobody can be asked (τ²'s solo mode: a text message ends the episode)"""
 
 
 def qwen_tools_block(lines: Sequence[str]) -> str:
@@ -345,9 +347,11 @@ class Interface:
         catalog: ToolCatalog | None = None,
         protocol: str = "seal",
         inspect_tools: Sequence[str] | None = None,
+        user: bool = True,
     ) -> None:
         """``inspect_tools``: the tools φ_err's "inspect the current state first" hint names (an
-        environment family's affordance; default BFCL's listing tools)."""
+        environment family's affordance; default BFCL's listing tools). ``user``: whether the agent can
+        write to a user at all (False in τ²'s solo mode): hints then never suggest asking or answering in text."""
         check_protocol(protocol)
         if prompt_mode not in PROMPT_MODES:
             raise SealError(f"Unknown prompt mode {prompt_mode!r}; expected one of {', '.join(PROMPT_MODES)}.")
@@ -361,6 +365,7 @@ class Interface:
         self._active = self.state if training else InterfaceState()
         self._catalog = catalog if catalog is not None else ToolCatalog()
         self.inspect_tools = tuple(inspect_tools) if inspect_tools is not None else _INSPECT_TOOLS
+        self.user = user
 
     # φ_schema -------------------------------------------------------------------------------
 
@@ -479,7 +484,8 @@ class Interface:
             content += f"\n[Hint] Write each tool call exactly as {CALL_SKELETONS[self.call_format]}"
             if rejected.unavailable or names:
                 content += f"\n[Hint] Available tools: {names}."
-            content += "\n[Hint] If no available tool fits the request, answer in plain text without a tool call."
+            if self.user:
+                content += "\n[Hint] If no available tool fits the request, answer in plain text without a tool call."
         return [{"role": "user", "content": content}]
 
     # φ_err ----------------------------------------------------------------------------------
@@ -487,6 +493,7 @@ class Interface:
     def _tool_hints(self, result: ToolResult, available: Sequence[Mapping[str, Any]]) -> str:
         if not self._active.tool_hints or (result.error is None and not result.violations):
             return ""
+        ask = ASK_USER if self.user else LOOK_UP
         docs = {doc["name"]: doc for doc in available}
         doc = docs.get(result.name)
         params = doc["parameters"]["properties"] if doc else {}
@@ -506,7 +513,7 @@ class Interface:
             unknown = [match.group(1)]
         if missing:
             hints.append(f"{result.name} needs the argument(s) {', '.join(missing)}; its parameters are: {signature}. "
-                         f"Supply them and retry; {ASK_USER}.")  # fmt: skip
+                         f"Supply them and retry; {ask}.")  # fmt: skip
         if unknown:
             hints.append(f"{result.name} has no parameter {', '.join(unknown)}; its parameters are: {signature}.")
         for violation in result.violations:
@@ -519,13 +526,13 @@ class Interface:
         if not hints and error:
             if _AUTH.search(error):
                 auth = [n for n in docs if "login" in n or "authenticate" in n]
-                hints.append("Authenticate first" + (f" (e.g. with {', '.join(auth)})" if auth else "") + f", then retry; {ASK_USER}.")
+                hints.append("Authenticate first" + (f" (e.g. with {', '.join(auth)})" if auth else "") + f", then retry; {ask}.")
             elif _NOT_FOUND.search(error):
                 inspect = [n for n in self.inspect_tools if n in docs]
                 hints.append("Something the call refers to does not exist here; inspect the current state first"
-                             + (f" (e.g. with {', '.join(inspect)})" if inspect else "") + f", then retry; {ASK_USER}.")  # fmt: skip
+                             + (f" (e.g. with {', '.join(inspect)})" if inspect else "") + f", then retry; {ask}.")  # fmt: skip
             elif result.output.startswith("Error during execution"):
-                hints.append(f"The call to {result.name} failed; check its arguments against its parameters ({signature}) and the current state, then retry; {ASK_USER}.")
+                hints.append(f"The call to {result.name} failed; check its arguments against its parameters ({signature}) and the current state, then retry; {ask}.")
             else:
-                hints.append(f"{result.name} reported an error; fix its cause and retry, or tell the user why it cannot be done; {ASK_USER}.")
+                hints.append(f"{result.name} reported an error; fix its cause and retry" + (", or tell the user why it cannot be done" if self.user else "") + f"; {ask}.")
         return "".join(f"\n[ToolHint] {hint}" for hint in hints)

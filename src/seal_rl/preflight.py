@@ -32,6 +32,7 @@ from typing import Any
 from seal_rl.credit import anchors_with_signal, turn_outcomes
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv, EnvConfig
+from seal_rl.environments.family import affordances
 from seal_rl.evaluate import episode_counts
 from seal_rl.interface import Interface, InterfaceState
 from seal_rl.rollout import Budgets, run_episodes
@@ -205,7 +206,7 @@ def play_round(state: InterfaceState, env_config: EnvConfig, budgets: Budgets, t
     ``family``: the recipe's environment family (default BFCL)."""
     catalog = ToolCatalog()
     interface = Interface(env_config.prompt_mode, state, call_format=env_config.call_format, catalog=catalog,
-                          protocol=env_config.protocol, training=True, inspect_tools=getattr(family, "inspect_tools", None))  # fmt: skip
+                          protocol=env_config.protocol, training=True, **affordances(family))  # fmt: skip
     make = family.make_env if family is not None else BfclEnv
     episodes = [(i, task, {"sample": s}) for i, (task, s) in enumerate((t, s) for t in tasks for s in range(samples))]
     rollouts = run_episodes(episodes, generator, lambda: make(env_config, interface, catalog=catalog), chat=chat,

@@ -40,7 +40,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from seal_rl.env import BfclEnv, EnvConfig
-from seal_rl.environments.family import BfclFamily, oracle_messages
+from seal_rl.environments.family import BfclFamily, affordances, oracle_messages
 from seal_rl.errors import SealError
 from seal_rl.interface import Interface, InterfaceState
 from seal_rl.policies import Episode, OraclePolicy, ReplayPolicy, ScriptedAgent, parse_policy
@@ -215,8 +215,7 @@ def build_samples(
         episodes = source_episodes(source, tasks, task_set, env_config.call_format, family)
         for preset in interfaces:
             interface = Interface(env_config.prompt_mode, InterfaceState.initial(preset), call_format=env_config.call_format,
-                                  catalog=catalog, protocol=env_config.protocol,
-                                  inspect_tools=getattr(family, "inspect_tools", None))  # fmt: skip
+                                  catalog=catalog, protocol=env_config.protocol, **affordances(family))  # fmt: skip
             make = family.make_env if family is not None else BfclEnv
             # Fresh agents for every rendering: scripted agents are consumed as they play.
             agents = {e.index: ScriptedAgent(list(e.agent.messages)) for e in episodes}

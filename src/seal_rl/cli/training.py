@@ -25,6 +25,9 @@ def train_command(
 ) -> None:
     """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many.
 
+    The recipe's family says on what: BFCL (the default), τ²-bench (family=tau2-airline|retail|telecom|mock)
+    or your own environment (family=path/to/file.py:Class); docs/environments.md.
+
     Before loading the model it checks the recipe against this machine's memory with seal plan's
     estimate and refuses a run that cannot fit (naming the setting that would make it fit; --force
     starts anyway); then it prints how many training ground truths fit the recipe's token budgets.

@@ -65,6 +65,9 @@ class Family:
     name: str = "family"
     inspect_tools: tuple[str, ...] = ()
     """tools that read state without changing it: Ω's recovery hints point to them"""
+    has_user: bool = True
+    """whether a user reads the agent's text (False: a text message ends the episode; Ω's hints then never
+    suggest asking)"""
     max_replies: int = 10
     """user replies per episode before the conversation ends (``reply`` is asked no more)"""
 
@@ -193,6 +196,14 @@ class BfclFamily:
     def scenario(self, task_id: str) -> str:
         """The four categories of one number share their questions (``multi_turn_base_105``: 105)."""
         return task_id.rsplit("_", 1)[1]
+
+
+def affordances(family: Any) -> dict[str, Any]:
+    """What Ω takes from a family (:class:`~seal_rl.interface.Interface` keywords): the tools that inspect
+    state, and whether anyone reads the agent's text. BFCL (or no family): the interface's defaults."""
+    if family is None or isinstance(family, BfclFamily):
+        return {}
+    return {"inspect_tools": tuple(getattr(family, "inspect_tools", ())), "user": bool(getattr(family, "has_user", True))}
 
 
 def oracle_messages(family: Any, task: Any, call_format: str) -> list[Any]:

@@ -78,6 +78,7 @@ class Tau2Family(Family):
         self.tau2 = load_tau2()
         self.domain, self.name = domain, f"tau2-{domain}"
         self.solo = user is None if solo is None else bool(solo)
+        self.has_user = not self.solo  # solo: a text message ends the conversation (τ²'s agent_error)
         if self.solo and user is not None:
             raise SealError(f"{self.name}: solo mode has no user; drop family_settings.user or set solo: false.")
         if not self.solo and user is None:

@@ -30,7 +30,7 @@ from seal_rl.apatch import ApatchConfig, budgeted, trajectory_weight, update_lab
 from seal_rl.credit import anchors_with_signal, turn_outcomes
 from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import EnvConfig
-from seal_rl.environments.family import BfclFamily
+from seal_rl.environments.family import BfclFamily, affordances
 from seal_rl.errors import SealError
 from seal_rl.generators import HFGenerator, VLLMGenerator
 from seal_rl.generators.lockstep import trainer_lockstep
@@ -288,8 +288,7 @@ class SealLoop:
     def _interface(self) -> Interface:
         """The training-time interface Ω_t of the current state (SEAL §3.3)."""
         return Interface(self.env_config.prompt_mode, self.state.interface, call_format=self.env_config.call_format,
-                         catalog=self.catalog, protocol=self.env_config.protocol,
-                         inspect_tools=getattr(self.family, "inspect_tools", None))  # fmt: skip
+                         catalog=self.catalog, protocol=self.env_config.protocol, **affordances(self.family))  # fmt: skip
 
     def _play_round(self, trainer: Any, chat: ChatTokens, prompts: list[Any], round_index: int) -> list[Rollout]:
         """On-policy: play the round's episodes now, one per prompt TRL handed over (its task id)."""
