@@ -49,7 +49,7 @@ def test_the_ood_recipe_matches_the_pinned_bfcl():
         assert variable in source, variable
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/evaluation.md", "docs/training.md", "docs/service.md", "docs/planning.md", "docs/integrations.md", "docs/ood.md", "docs/preflight.md", "docs/study.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/evaluation.md", "docs/training.md", "docs/service.md", "docs/planning.md", "docs/integrations.md", "docs/ood.md", "docs/preflight.md", "docs/study.md", "docs/environments.md"])
 def test_documented_seal_options_exist(doc):
     from typer.main import get_command
 

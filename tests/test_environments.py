@@ -232,3 +232,23 @@ def test_the_example_family_trains_under_seal_train_with_the_closed_loop(monkeyp
     before = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     after = load_file(str(out / "model" / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_seal_eval_plays_a_family_through_the_training_episodes_resumes_and_diagnoses(monkeypatch, capsys, tmp_path):
+    from .test_cli import run_cli
+
+    out = tmp_path / "eval"
+    code, stdout, err = run_cli(monkeypatch, capsys, "eval", "--family", INVENTORY, "--policy", "oracle", "--out", str(out))
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert summary["family"] == "inventory" and summary["protocol"] == "seal"
+    assert summary["episodes"] == len(records) == len([t for t in load_family(INVENTORY).tasks() if t.split == "test"])
+    assert summary["overall"] == 1.0 and {r["family"] for r in records} == {"inventory"}
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "--family", INVENTORY, "--policy", "oracle", "--out", str(out))
+    assert code == 0 and f"{len(records)} of {len(records)} episodes already done" in err  # resumed: nothing left to play
+    assert (out / "results.jsonl").read_text().count("\n") == len(records)
+    code, stdout, _ = run_cli(monkeypatch, capsys, "diagnose", str(out))
+    assert code == 0 and "pass" in stdout
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "--family", INVENTORY, "--policy", "oracle:faults=0.5", "--out", str(tmp_path / "x"))
+    assert code == 2 and "the oracle without faults" in err

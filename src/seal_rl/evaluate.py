@@ -372,8 +372,10 @@ def evaluate(
     on_episode: Callable[[dict[str, Any]], None] | None = None,
     on_resume: Callable[[list[dict[str, Any]]], None] | None = None,
     split: str | None = None,
+    family: Any = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
+    ``family``: the environment family whose episodes are played (default BFCL; docs/environments.md).
 
     Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
     kept and only the others are played, including those that ended in a generation error
@@ -393,6 +395,8 @@ def evaluate(
         "split": split,
         "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION, "python": platform.python_version()},
     }
+    if family is not None and getattr(family, "name", "bfcl") != "bfcl":  # BFCL runs keep their config as it was (resume)
+        config["family"] = family.name
     with run_lock(Path(out)):  # one writer per run directory
         precision = None if generator is not None else run_precision(policy, settings, Path(out), overwrite)
         if precision is not None:
@@ -435,9 +439,10 @@ def evaluate(
                     next_index = next(order, None)
 
             catalog = ToolCatalog()
+            make = family.make_env if family is not None else BfclEnv
             try:
                 run_episodes(
-                    [(e.index, e.task, e.extra) for e in todo], generator, lambda: BfclEnv(env_config, catalog=catalog),
+                    [(e.index, e.task, e.extra) for e in todo], generator, lambda: make(env_config, catalog=catalog),
                     chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
                     scheduler=settings.rollout_scheduler,
                 )  # fmt: skip
@@ -452,6 +457,7 @@ def evaluate(
             "protocol": env_config.protocol,
             "split": split,
             "tasks": len({e.task.id for e in episodes}),
+            **({"family": config["family"]} if "family" in config else {}),
             **summarize(records),
         }
         (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -470,7 +476,8 @@ def read_results(run_dir: Path) -> list[dict[str, Any]]:
     for number, record in zip(lines.numbers, lines.values):
         if not isinstance(record, dict) or "verdict" not in record or "trace" not in record:
             raise SealError(f"{path}:{number}: not an episode record (no verdict/trace).")
-        if record.get("category") not in CATEGORIES:
+        known = isinstance(record.get("category"), str) if record.get("family") else record.get("category") in CATEGORIES
+        if not known:  # another family's records name their own categories
             raise SealError(f"{path}:{number}: category {str(record.get('category'))[:40]!r} is not one of {', '.join(CATEGORIES)}.")
     records = lines.values
     return records

@@ -31,6 +31,8 @@ def eval_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
     benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, BFCL V4 memory (bfcl-eval's memory backends and checker), or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
+    family: Annotated[str, typer.Option(help="An environment family played through training's own episodes (seal protocol): tau2-DOMAIN or path/to/file.py:Class (docs/environments.md); bfcl (default): --benchmark decides.")] = "bfcl",
+    family_set: Annotated[list[str] | None, typer.Option("--family-set", help="A setting of --family, KEY=VALUE (YAML values; repeatable), e.g. solo=true or user=openai:MODEL@URL.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="τ²: the user simulator, as --policy (hf:, vllm:, openai:; oracle with the oracle agent), τ²'s own prompt and guidelines.")] = None,
     trials: Annotated[int, typer.Option(help="τ²: conversations per task (pass^k for k = 1..trials).")] = 1,
     max_steps: Annotated[int | None, typer.Option(help="τ²: orchestrator steps before a conversation ends (default: τ²'s 200).")] = None,
@@ -85,6 +87,10 @@ def eval_command(
     if user is not None or trials != 1 or max_steps is not None or max_errors is not None:
         raise SealError("--user, --trials, --max-steps and --max-errors are τ²-bench options; BFCL runs take --samples (and --max-steps-per-turn).")
     chosen = parse_policy(policy)
+    if family != "bfcl" or family_set:
+        return family_eval(family, family_set or [], chosen, out_dir=out_dir, split=split, category=category, tasks=tasks,
+                           call_format=call_format, prompt_mode=prompt_mode, protocol=protocol, max_model_calls=max_model_calls,
+                           samples=samples, settings=settings, overwrite=overwrite)  # fmt: skip
     if isinstance(chosen, BfclResultPolicy):  # the files decide how their steps are decoded
         if protocol != "bfcl":
             raise SealError("bfcl-result files are replayed under the bfcl protocol, the one that wrote them; drop --protocol.")
@@ -396,12 +402,64 @@ def _print_label_matrix(title: str, labels: list[str], columns: dict[str, dict[s
     out.print(table)
 
 
+def family_eval(spec: str, settings_given: list[str], chosen: Any, *, out_dir: Path, split: str | None, category: list[str] | None,
+                tasks: str | None, call_format: str, prompt_mode: str, protocol: str, max_model_calls: int, samples: int,
+                settings: ModelSettings, overwrite: bool) -> None:  # fmt: skip
+    """``seal eval --family``: the family's tasks played through the episodes training plays (the seal
+    protocol, the base interface), resumable, with the same summary as BFCL's."""
+    import yaml
+
+    from seal_rl.environments import load_family, oracle_messages
+    from seal_rl.policies import Episode, OraclePolicy, ScriptedAgent
+
+    pairs = [item.partition("=") for item in settings_given]
+    if any(not key or not eq for key, eq, _ in pairs):
+        raise SealError(f"--family-set takes KEY=VALUE, got {next(i for i, (k, e, _) in zip(settings_given, pairs) if not k or not e)!r}.")
+    family = load_family(spec, **{key: yaml.safe_load(value) for key, _, value in pairs})
+    if protocol != "bfcl" and protocol != "seal":
+        raise SealError(f"Unknown --protocol {protocol!r}.")
+    if isinstance(chosen, BfclResultPolicy) or (isinstance(chosen, OraclePolicy) and chosen != OraclePolicy()):
+        raise SealError(f"--policy {chosen.name}: family {family.name} plays oracle, replay:, hf:, vllm: or openai: policies "
+                        "(the oracle without faults).")  # fmt: skip
+    if AUTO in (call_format, prompt_mode):
+        picked, note = resolve_auto({"prompt_mode": prompt_mode, "call_format": call_format}, _tokenizer_of(chosen))
+        prompt_mode, call_format = picked["prompt_mode"], picked["call_format"]
+        err.print(note, markup=False, highlight=False, soft_wrap=True)
+    env_config = EnvConfig(protocol="seal", call_format=call_format, prompt_mode=prompt_mode, max_model_calls=max_model_calls)
+    task_set = family.task_set()
+    ids = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    selected = task_set.select(split or "test", category, ids) if chosen.selects_tasks else []
+    if chosen.selects_tasks and not selected:
+        raise SealError(f"No task of family {family.name} matches that selection (split {split or 'test'}).")
+    if isinstance(chosen, OraclePolicy):
+        played = [Episode(i, t, ScriptedAgent(oracle_messages(family, t, call_format))) for i, t in enumerate(selected, 1)]
+    else:
+        played = chosen.episodes(selected, task_set, call_format)
+    episodes = with_samples(played, samples)
+    with run_progress("eval", "success", len(episodes)) as update:
+        counts = {"done": 0, "ok": 0}
+
+        def advance(record: dict) -> None:
+            counts["done"] += 1
+            counts["ok"] += record.get("reward") == 1.0
+            update(rate=f"{counts['ok'] / counts['done']:.1%}", errors=0)
+
+        def resumed(done: list[dict]) -> None:
+            err.print(f"resuming {out_dir}: {len(done)} of {len(episodes)} episodes already done", soft_wrap=True)
+            for record in done:
+                advance(record)
+
+        summary = evaluate(episodes, env_config, out_dir, policy=chosen, settings=settings, overwrite=overwrite, on_episode=advance,
+                           on_resume=resumed, split=(split or "test") if not tasks else None, family=family)  # fmt: skip
+    _print_summary(summary, out_dir)
+
+
 def _print_summary(summary: dict, out_dir: Path) -> None:
     scope = f"{summary.get('protocol', 'seal')} protocol, {summary.get('tasks', '?')} tasks"
     if summary.get("split"):
         scope += f" of the {summary['split']} split"
     table = Table("category", "episodes", "success", "rate", "95% CI",
-                  title=f"BFCL multi-turn — {summary['policy']}", caption=scope)  # fmt: skip
+                  title=f"{summary.get('family', 'BFCL multi-turn')} — {summary['policy']}", caption=scope)  # fmt: skip
     for name, row in summary["categories"].items():
         low, high = row["ci95"]
         errors = f" (+{row['errors']} errors)" if row.get("errors") else ""
