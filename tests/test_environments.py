@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seal_rl import jsonl
-from seal_rl.diagnose import add_diagnosis
 from seal_rl.env import BfclEnv
 from seal_rl.environments import Environment, Family, FamilyTask, Outcome, ToolError, load_family
 from seal_rl.errors import SealError
 from seal_rl.tools import ToolCall, get_format
 
 from .generators import INVENTORY
+from .helpers import play_family
 
 ROOT = Path(__file__).resolve().parents[1]
 HERMES = get_format("hermes")
@@ -30,18 +30,7 @@ def inventory():
     return load_family(INVENTORY)
 
 
-def _play(family, task, messages):
-    env = family.make_env()
-    env.reset(task)
-    for message in messages:
-        if env.done:
-            break
-        env.step(message)
-    if not env.done:
-        env.truncate("policy_exhausted")
-    record = env.record()
-    add_diagnosis(record)
-    return env, record
+_play = play_family
 
 
 def _labels(record):

@@ -10,11 +10,12 @@ import pytest
 
 pytest.importorskip("tau2")
 
-from seal_rl.diagnose import add_diagnosis  # noqa: E402
 from seal_rl.environments import load_family  # noqa: E402
 from seal_rl.environments import oracle_messages  # noqa: E402
 from seal_rl.errors import SealError  # noqa: E402
 from seal_rl.tools import ToolCall, get_format  # noqa: E402
+
+from .helpers import play_family  # noqa: E402
 
 HERMES = get_format("hermes")
 TELECOM_TASK = "[mobile_data_issue]airplane_mode_on|data_mode_off[PERSONA:None]"
@@ -30,18 +31,7 @@ def telecom():
     return load_family("tau2-telecom", solo=True)
 
 
-def _play(family, task, messages, config=None):
-    env = family.make_env(config)
-    env.reset(task)
-    for message in messages:
-        if env.done:
-            break
-        env.step(message)
-    if not env.done:
-        env.truncate("policy_exhausted")
-    record = env.record()
-    add_diagnosis(record)
-    return env, record
+_play = play_family
 
 
 def _rescored(family, record):
