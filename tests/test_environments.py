@@ -5,7 +5,6 @@ with SEAL's closed loop switched on."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 
 from seal_rl import jsonl
 from seal_rl.env import BfclEnv
-from seal_rl.environments import Environment, Family, FamilyTask, Outcome, ToolError, load_family
+from seal_rl.environments import Environment, Family, FamilyTask, Outcome, load_family
 from seal_rl.errors import SealError
 from seal_rl.tools import ToolCall, get_format
 

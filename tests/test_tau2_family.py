@@ -144,3 +144,18 @@ def test_in_solo_mode_the_interface_never_tells_the_agent_to_write_to_a_user(moc
         assert ("answer in plain text" in rejected) is expect_user
         assert ("ask the user" in hinted) is expect_user and ("look it up with the tools" in hinted) is (not expect_user)
     assert affordances(telecom)["inspect_tools"] and "get_customer_by_phone" in affordances(telecom)["inspect_tools"]
+
+
+def test_seal_train_refuses_a_user_server_that_does_not_answer_before_anything_starts(monkeypatch, capsys, tmp_path):
+    import socket
+
+    from .test_cli import run_cli
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "run"
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", "tau2-airline-user", "--out", str(out), "--set", "model.path=preset:qwen2.5-7b",
+                           "--set", f"family_settings.user=openai:user@http://127.0.0.1:{port}/v1")  # fmt: skip
+    assert code == 2 and f"The user simulator's server http://127.0.0.1:{port}/v1 cannot be reached" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -272,6 +272,8 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     out = Path(out)
     g = recipe.grpo
     family = load_family(recipe.family, **recipe.family_settings)
+    if hasattr(family, "check_user"):  # a simulated user's server answers before anything is played
+        family.check_user()
     bfcl = isinstance(family, BfclFamily)
     task_set = family.task_set()
     pool = select_tasks(recipe, task_set, family)[0]

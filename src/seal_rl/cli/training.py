@@ -55,6 +55,8 @@ def train_command(
     family = load_family(recipe.family, **recipe.family_settings)  # a bad family is one line, before anything starts
     tasks = select_tasks(recipe, family.task_set(), family)[0]
     recipe, chosen = resolve_micro_batch(recipe, processes=processes, num_tasks=len(tasks))  # every rank: the same choice
+    if os.environ.get("RANK", "0") == "0" and hasattr(family, "check_user"):  # a simulated user's server answers first
+        family.check_user()
     if os.environ.get("RANK", "0") == "0":  # the main process checks the memory before anything is written or loaded
         if recipe.generator == "server":  # and that every generation server answers
             from seal_rl.generators.vllm_server import ServerConfig, ServerPool

@@ -27,10 +27,10 @@ path ``package.module:Class`` / ``path/to/file.py:Class``. :func:`~seal_rl.envir
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from seal_rl.environments.outcome import Outcome, ToolError
+from seal_rl.environments.outcome import Outcome
 from seal_rl.errors import SealError
 
 SPLITS: tuple[str, ...] = ("train", "test", "all")
@@ -91,7 +91,7 @@ class Family:
 
     def call(self, state: Any, name: str, arguments: dict[str, Any]) -> str:
         """Run one tool call on the episode's state and return its result as text; raise
-        :class:`ToolError` for a call the tool refuses. Arguments have been parsed from model text:
+        :class:`~seal_rl.environments.outcome.ToolError` for a call the tool refuses. Arguments have been parsed from model text:
         treat them as hostile (the schema check runs before, but the call still executes)."""
         raise NotImplementedError
 

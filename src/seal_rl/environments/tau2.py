@@ -108,6 +108,25 @@ class Tau2Family(Family):
         self._docs = [tool_doc(t.openai_schema["function"]) for t in self._tool_objects]
         self.inspect_tools = tuple(d["name"] for d in self._docs if d["name"].startswith(READ_PREFIXES))
 
+    def check_user(self, timeout: float = 10.0) -> None:
+        """A user on a server answers ``GET /models`` and serves the model named; one line otherwise (``seal
+        train`` and ``seal preflight`` ask before anything starts)."""
+        import httpx
+
+        if self.user is None or self.user == "oracle":
+            return
+        url = self.user.url.rstrip("/")
+        try:
+            response = httpx.get(f"{url}/models", timeout=timeout)
+            response.raise_for_status()
+            served = [str(m.get("id")) for m in response.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise SealError(f"The user simulator's server {url} cannot be reached ({type(exc).__name__}: {exc}); start it "
+                            "(e.g. `vllm serve MODEL --port PORT`) or fix family_settings.user.") from None  # fmt: skip
+        if self.user.model not in served:
+            raise SealError(f"The user simulator's server {url} serves {', '.join(served) or 'no model'}, not "
+                            f"{self.user.model!r}; fix family_settings.user.")  # fmt: skip
+
     # -- the family protocol ------------------------------------------------------------------
 
     def tasks(self) -> list[FamilyTask]:
