@@ -11,9 +11,10 @@ Why not ``tau2.gym.AgentGymEnv``: its observations are formatted text (the loop 
 calls and results for the trace Ψ reads), it runs the orchestrator in a thread per episode, and it
 re-loads the task file at every step (87% of a telecom episode's time, DESIGN.md §12).
 
-Two ways to play the user (``family_settings``):
+Three ways to play the user (``family_settings``):
 
-* ``solo: true`` — τ²'s solo mode, for tasks with a ``ticket`` (telecom: all; mock: 7 of 9): no user,
+* ``solo: true`` — τ²'s solo mode, for the tasks τ²'s solo agent accepts (a ticket and gold actions:
+  telecom all, mock 6 of 9): no user,
   the agent gets τ²'s solo policy and the ticket, and ends with τ²'s ``done`` tool;
 * ``user: openai:MODEL@URL`` — τ²'s ``UserSimulator`` (its own prompt, temperature 0) on any
   OpenAI-compatible server (``vllm serve``, ``seal rollout-server``). The user is never trained: its

@@ -131,12 +131,16 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
         check_source(source)
     if sources:
         recipe.warm_start.data = list(sources)
-    task_set = TaskSet.load()
-    tasks, _ = select_tasks(recipe, task_set)
+    from seal_rl.environments import BfclFamily, load_family
+
+    family = load_family(recipe.family, **recipe.family_settings)
+    task_set = family.task_set()
+    tasks, _ = select_tasks(recipe, task_set, family)
     out = Path(out)
     if (out / "model" / "config.json").exists():
         raise SealError(f"{out}/model already exists; choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(recipe)))
-    model = warm_start(recipe, out, task_set, tasks, _prepare_model(recipe, out, task_set))
+    bfcl = isinstance(family, BfclFamily)
+    model = warm_start(recipe, out, task_set, tasks, _prepare_model(recipe, out, task_set if bfcl else None), family)
     return {"model": str(model), **json.loads((out / "samples.json").read_text()), **json.loads((out / "sft.json").read_text())}
