@@ -230,9 +230,9 @@ def tool_doc(function: Mapping[str, Any]) -> dict[str, Any]:
             branches = [plain(b, depth + 1) for b in schema["anyOf"]]
             typed = [b for b in branches if isinstance(b, Mapping) and b.get("type") not in (None, "null")]
             chosen = dict(typed[0]) if typed else {"type": "string"}
-            if "description" in schema:
+            if "description" in schema:  # the parameter's own description, not its model's
                 chosen["description"] = schema["description"]
-            return plain({**chosen, **{k: v for k, v in schema.items() if k not in ("anyOf", "default")}} | chosen, depth + 1)
+            return plain(chosen, depth + 1)
         out = {k: plain(v, depth + 1) if k in ("items", "additionalProperties") else v for k, v in schema.items() if k != "title"}
         if isinstance(schema.get("properties"), Mapping):
             out["properties"] = {name: plain(p, depth + 1) for name, p in schema["properties"].items()}
