@@ -25,16 +25,18 @@ class OracleMix:
     def __init__(self) -> None:
         self.agents: dict[tuple[str, int], ScriptedAgent] = {}
 
+    def script(self, request) -> list:
+        """The messages the request's episode says, chosen at its first request."""
+        if request.episode % 2 == 0:
+            return oracle_transcript(request.task, ground_truth_calls(request.task), get_format("hermes"))[0]
+        return ["I will not call anything."] * request.task.num_turns
+
     def generate(self, requests, seed):
         out = []
         for request in requests:
             key = (request.task.id, request.episode)
             if key not in self.agents:
-                if request.episode % 2 == 0:
-                    messages, _ = oracle_transcript(request.task, ground_truth_calls(request.task), get_format("hermes"))
-                else:
-                    messages = ["I will not call anything."] * request.task.num_turns
-                self.agents[key] = ScriptedAgent(messages)
+                self.agents[key] = ScriptedAgent(self.script(request))
             text = self.agents[key].act(request.observation, request.info)
             out.append(None if text is None else Generation(text))
         return out
@@ -49,16 +51,12 @@ class FirstTurnOrNothing(OracleMix):
     answer every turn in text. Every episode fails (binary reward 0: no advantage); the progress
     reward gives even episodes 1 / (scorable turns), odd ones 0."""
 
-    def generate(self, requests, seed):
-        for request in requests:
-            key = (request.task.id, request.episode)
-            if key not in self.agents:
-                text = ["I will not call anything."] * request.task.num_turns
-                if request.episode % 2 == 0:
-                    first = oracle_transcript(request.task, ground_truth_calls(request.task)[:1], get_format("hermes"))[0]
-                    text = [*first, *text[1:]]
-                self.agents[key] = ScriptedAgent(text)
-        return super().generate(requests, seed)
+    def script(self, request) -> list:
+        text = ["I will not call anything."] * request.task.num_turns
+        if request.episode % 2 == 0:
+            first = oracle_transcript(request.task, ground_truth_calls(request.task)[:1], get_format("hermes"))[0]
+            text = [*first, *text[1:]]
+        return text
 
 
 def first_turn_or_nothing(trainer):
@@ -130,12 +128,8 @@ def ladder_script(task, episode: int) -> list[tuple[str, int]]:
 class TurnLadder(OracleMix):
     """Plays :func:`ladder_script`: a group of 4 whose episodes pass 3, 2, 1 and 0 leading turns."""
 
-    def generate(self, requests, seed):
-        for request in requests:
-            key = (request.task.id, request.episode)
-            if key not in self.agents:
-                self.agents[key] = ScriptedAgent([m for m, _ in ladder_script(request.task, request.episode)])
-        return super().generate(requests, seed)
+    def script(self, request) -> list:
+        return [m for m, _ in ladder_script(request.task, request.episode)]
 
 
 def turn_ladder(trainer):
@@ -145,10 +139,8 @@ def turn_ladder(trainer):
 class Silence(OracleMix):
     """Every episode answers every turn in text: every group's rewards are equal (nothing to learn)."""
 
-    def generate(self, requests, seed):
-        for request in requests:
-            self.agents.setdefault((request.task.id, request.episode), ScriptedAgent(["I will not call anything."] * request.task.num_turns))
-        return super().generate(requests, seed)
+    def script(self, request) -> list:
+        return ["I will not call anything."] * request.task.num_turns
 
 
 def signal_then_silence(trainer):
@@ -156,31 +148,22 @@ def signal_then_silence(trainer):
     return OracleMix() if trainer.state.global_step == 0 else Silence()
 
 
-class InventoryMix:
+class InventoryMix(OracleMix):
     """For the inventory family: episodes 0, 2, ... of a round solve their task; 1, 5, ... answer in
     plain text (missing_tool_call); 3, 7, ... call ``move`` with a quantity in words (argument_mismatch)."""
 
     def __init__(self) -> None:
-        self.agents: dict[tuple[str, int], ScriptedAgent] = {}
+        super().__init__()
         self.family = load_family(INVENTORY)
 
-    def generate(self, requests, seed):
-        out = []
-        for request in requests:
-            key = (request.task.id, request.episode)
-            if key not in self.agents:
-                task = request.task
-                if request.episode % 2 == 0:
-                    messages = oracle_messages(self.family, task, "hermes")
-                elif request.episode % 4 == 1:
-                    messages = ["I have taken care of it."]
-                else:
-                    wrong = {"item": task.data["item"], "source": task.data["source"], "target": task.data["target"], "quantity": "three"}
-                    messages = [get_format("hermes").render([ToolCall("move", wrong)]), "Done."]
-                self.agents[key] = ScriptedAgent(messages)
-            text = self.agents[key].act(request.observation, request.info)
-            out.append(None if text is None else Generation(text))
-        return out
+    def script(self, request) -> list:
+        task = request.task
+        if request.episode % 2 == 0:
+            return oracle_messages(self.family, task, "hermes")
+        if request.episode % 4 == 1:
+            return ["I have taken care of it."]
+        wrong = {"item": task.data["item"], "source": task.data["source"], "target": task.data["target"], "quantity": "three"}
+        return [get_format("hermes").render([ToolCall("move", wrong)]), "Done."]
 
 
 def inventory_mix(trainer):

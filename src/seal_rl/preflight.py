@@ -289,7 +289,7 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     except SealError as exc:
         fit = str(exc)
     checks = [fit_check(fit)]
-    base_model = model or _prepare_model(recipe, out, task_set if bfcl else None)
+    base_model = model or _prepare_model(recipe, out, task_set)
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     recipe.env, picked = resolve_auto(recipe.env, tokenizer)
     if picked:

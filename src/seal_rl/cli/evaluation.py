@@ -411,13 +411,13 @@ def family_eval(spec: str, settings_given: list[str], chosen: Any, *, out_dir: P
 
     from seal_rl.environments import load_family, oracle_messages
     from seal_rl.policies import Episode, OraclePolicy, ScriptedAgent
+    from seal_rl.protocol import check_protocol
 
     pairs = [item.partition("=") for item in settings_given]
     if any(not key or not eq for key, eq, _ in pairs):
         raise SealError(f"--family-set takes KEY=VALUE, got {next(i for i, (k, e, _) in zip(settings_given, pairs) if not k or not e)!r}.")
     family = load_family(spec, **{key: yaml.safe_load(value) for key, _, value in pairs})
-    if protocol != "bfcl" and protocol != "seal":
-        raise SealError(f"Unknown --protocol {protocol!r}.")
+    check_protocol(protocol)  # a family plays the seal protocol whatever the default says
     if isinstance(chosen, BfclResultPolicy) or (isinstance(chosen, OraclePolicy) and chosen != OraclePolicy()):
         raise SealError(f"--policy {chosen.name}: family {family.name} plays oracle, replay:, hf:, vllm: or openai: policies "
                         "(the oracle without faults).")  # fmt: skip

@@ -162,11 +162,11 @@ class FamilyEnv(BfclEnv):
 
     def _open_turn(self, turn: int) -> list[Message]:
         self.turn_steps = 0
-        return self.interface.question([{"role": "user", "content": self.family.opening(self._backends.state, self.task.source)}])
+        return self.interface.question([{"role": "user", "content": self.family.opening(self.state, self.task.source)}])
 
     def _execute(self, step: int, calls: Any, ids: Any = ()) -> list[Message]:
         observation = super()._execute(step, calls, ids)
-        ended = self.family.ended(self._backends.state)
+        ended = self.family.ended(self.state)
         if ended is not None and self._limit_reached is None:
             self._limit_reached = ended  # the world ended the conversation (a stop call, one of its limits)
         return observation
@@ -177,11 +177,11 @@ class FamilyEnv(BfclEnv):
         if self.replies < self.family.max_replies:
             text = answer(self.messages[-1].get("content") or "")
             try:
-                reply = self.family.reply(self._backends.state, self.task.source, text)
+                reply = self.family.reply(self.state, self.task.source, text)
             except Exception as exc:  # the family's user failed on model text: the conversation ends, scored
                 info["user_error"] = f"{type(exc).__name__}: {exc}"
         if reply is None:
-            self._finish(self.family.ended(self._backends.state) or "completed")
+            self._finish(self.family.ended(self.state) or "completed")
             return [], "end"
         self.replies += 1
         return self.interface.question([{"role": "user", "content": str(reply)}]), "user_reply"
@@ -190,8 +190,7 @@ class FamilyEnv(BfclEnv):
         self.end_reason = reason
         has_calls = any(e.accepted for e in self.trace)
         try:
-            state = self._backends.state if self._backends is not None else None
-            outcome = self.family.verify(self.task.source, state, list(self.messages))
+            outcome = self.family.verify(self.task.source, self.state, list(self.messages))
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"verify() must return an Outcome, got {type(outcome).__name__}")
             self.verdict = outcome_verdict(outcome, has_calls=has_calls, reached=self.model_calls > 0)

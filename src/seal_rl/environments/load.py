@@ -31,7 +31,8 @@ REQUIRED: Mapping[str, str] = {
 
 def check_family(family: Any, spec: str = "") -> Any:
     """``family`` if it keeps the protocol, else one :class:`SealError` line naming the broken part
-    and what was expected. Runs every required method once on the first task."""
+    and what was expected: every required method overridden, ``tasks()`` well formed, ``tools()`` of
+    the first task function docs. (``start``, ``call`` and ``verify`` are first run by an episode.)"""
     what = spec or type(family).__name__
     if isinstance(family, BfclFamily) or (hasattr(family, "make_env") and hasattr(family, "task_set")
                                           and not isinstance(family, Family)):  # fmt: skip

@@ -105,7 +105,8 @@ class Tau2Family(Family):
         self._tasks, self._unplayable = tasks, unplayable
         probe = environment_constructor(self.tau2, domain)(solo_mode=self.solo)
         self._policy = probe.get_policy()
-        self._tool_objects = _agent_tools(self.tau2, probe, self.solo, tasks[0].data)
+        tools = _env_tools(probe, self.solo)
+        self._tool_objects = _agent_class(self.tau2, True)(tools, self._policy, tasks[0].data).tools if self.solo else tools  # + done
         self._docs = [tool_doc(t.openai_schema["function"]) for t in self._tool_objects]
         self.inspect_tools = tuple(d["name"] for d in self._docs if d["name"].startswith(READ_PREFIXES))
 
@@ -176,9 +177,6 @@ class Tau2Family(Family):
     def verify(self, task: FamilyTask, state: Conversation, transcript: Sequence[Mapping[str, Any]]) -> Outcome:
         return outcome(state.score(), solo=self.solo)
 
-    def scenario(self, task_id: str) -> str:
-        return task_id
-
 
 def _category(domain: str, task_id: str) -> str:
     """telecom's ids start with their issue (``[mobile_data_issue]...``); other domains are one category."""
@@ -200,13 +198,10 @@ def _user_player(spec: str) -> Any:
     return policy
 
 
-def _agent_tools(tau2: Any, env: Any, solo: bool, task: Any) -> list[Any]:
-    """The agent's tools as τ²'s gym agent gets them: the domain's, plus in solo mode the user's and ``done``."""
-    tools = list(env.get_tools())
-    if solo:
-        tools += list(env.get_user_tools()) if env.user_tools else []
-        return _agent_class(tau2, True)(tools, env.get_policy(), task).tools
-    return tools
+def _env_tools(env: Any, solo: bool) -> list[Any]:
+    """The tools the agent class is given, as τ²'s gym agent gets them: the domain's, plus in solo mode
+    the user's (τ²'s solo agent adds ``done`` itself)."""
+    return list(env.get_tools()) + (list(env.get_user_tools()) if solo and env.user_tools else [])
 
 
 def _agent_class(tau2: Any, solo: bool) -> type:
@@ -275,7 +270,7 @@ class Conversation:
     def __init__(self, family: Tau2Family, task: Any) -> None:
         tau2, self.family, self.task = family.tau2, family, task
         env = environment_constructor(tau2, family.domain)(solo_mode=family.solo)
-        tools = list(env.get_tools()) + (list(env.get_user_tools()) if family.solo and env.user_tools else [])
+        tools = _env_tools(env, family.solo)
         agent_class = _pushed_class(tau2, family.solo)
         self.agent = agent_class(tools, env.get_policy(), task) if family.solo else agent_class(tools, env.get_policy())
         user_tools = list(env.get_user_tools()) if env.user_tools else None

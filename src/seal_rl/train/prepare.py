@@ -93,7 +93,9 @@ def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence
                    gradient_checkpointing=recipe.model.gradient_checkpointing)  # fmt: skip
 
 
-def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
+def _prepare_model(recipe: SealRecipe, out: Path, task_set: Any) -> str:
+    """The model directory: the recipe's, or the tiny model built into ``out`` (its tokenizer learns BFCL's
+    text, from ``task_set`` when that is BFCL's, whatever the recipe's family: byte-level, it encodes any text)."""
     if recipe.model.path == "tiny":
         from seal_rl.tiny import build_tiny_model
 
@@ -101,7 +103,8 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: TaskSet) -> str:
         if not (target / "config.json").exists():
             m = recipe.model
             build_tiny_model(target, vocab_size=m.tiny_vocab_size, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers,
-                             heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, seed=recipe.grpo.seed, task_set=task_set)  # fmt: skip
+                             heads=m.tiny_heads, kv_heads=m.tiny_kv_heads, seed=recipe.grpo.seed,
+                             task_set=task_set if isinstance(task_set, TaskSet) else None)  # fmt: skip
         return str(target)
     from seal_rl.models import resolve_model
 
@@ -131,7 +134,7 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
         check_source(source)
     if sources:
         recipe.warm_start.data = list(sources)
-    from seal_rl.environments import BfclFamily, load_family
+    from seal_rl.environments import load_family
 
     family = load_family(recipe.family, **recipe.family_settings)
     task_set = family.task_set()
@@ -141,6 +144,5 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
         raise SealError(f"{out}/model already exists; choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(recipe)))
-    bfcl = isinstance(family, BfclFamily)
-    model = warm_start(recipe, out, task_set, tasks, _prepare_model(recipe, out, task_set if bfcl else None), family)
+    model = warm_start(recipe, out, task_set, tasks, _prepare_model(recipe, out, task_set), family)
     return {"model": str(model), **json.loads((out / "samples.json").read_text()), **json.loads((out / "sft.json").read_text())}

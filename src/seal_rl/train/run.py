@@ -57,7 +57,7 @@ def _started_precision(out: Path) -> dict[str, Any] | None:
 
 
 def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generator_factory: Any = None,
-          recipe_path: Path | None = None) -> dict[str, Any]:
+          recipe_path: Path | None = None, family: Any = None) -> dict[str, Any]:
     """Run SEAL (or an ablation) as the recipe says; return a short summary.
 
     ``resume``: continue the run in ``out`` from its newest checkpoint (model, optimizer, RNG and
@@ -66,7 +66,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     ``seal train`` checks first that the recipe fits this machine's memory
     (:func:`seal_rl.fit.check_before_training`, called by the CLI before this function). Once the
     model directory exists this prints how many of the training tasks' ground truths fit the budgets
-    (:mod:`seal_rl.budgets`).
+    (:mod:`seal_rl.budgets`). ``family``: the recipe's family, when the caller has loaded it already.
     """
     import torch
     from datasets import Dataset
@@ -74,7 +74,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     from trl import GRPOConfig
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    family = load_family(recipe.family, **recipe.family_settings)  # a bad family is one line before anything starts
+    if family is None:  # a bad family is one line before anything starts
+        family = load_family(recipe.family, **recipe.family_settings)
     bfcl = isinstance(family, BfclFamily)
     task_set = family.task_set()
     tasks, validation = select_tasks(recipe, task_set, family)
@@ -107,7 +108,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             if never:
                 warnings.warn(never, SealWarning, stacklevel=2)
         with distributed.main_process_first():  # the main process builds a tiny model; the others reuse it
-            model_path = _prepare_model(recipe, out, task_set if bfcl else None)  # the tiny tokenizer learns BFCL's text
+            model_path = _prepare_model(recipe, out, task_set)
             if is_main and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
                 for lock in clear_stale_build_locks():
                     _say(f"removed {lock}: an interrupted DeepSpeed build left it, and the next build would wait on it forever")
