@@ -11,7 +11,7 @@ environment's), and is scored by τ²'s ``evaluate_simulation`` (``EvaluationTyp
   messages, τ²'s ``DummyUser``, τ²'s ``Orchestrator`` (``run()``), and scores with
   ``evaluate_simulation(domain=scoring_domain(tau2, domain))``.
 * airline and retail (no solo mode in τ²): the assistant's gold actions, then the task's
-  ``communicate_info``, with seal-rl's scripted oracle user (:mod:`seal_rl.ood.tau2_oracle`)
+  ``communicate_info``, with seal-rl's scripted oracle user (:mod:`seal_rl.environments.tau2_oracle`)
   instead of τ²'s LLM user simulator, in AgentGymEnv (its ``_get_user`` only is replaced) and in the
   fast path alike.
 
@@ -52,7 +52,7 @@ def _tasks(tau2, domain: str, count: int) -> list:
 def _actions(task, solo: bool) -> list[str]:
     """The gym action strings of the scripted episode: JSON tool calls, then ``done`` (solo) or the
     ``communicate_info`` text (as the oracle agent says it)."""
-    from seal_rl.ood.tau2_oracle import gold_actions
+    from seal_rl.environments.tau2_oracle import gold_actions
 
     gold = [a for a in gold_actions(task) if solo or a.requestor == "assistant"]
     calls = [json.dumps({"id": f"call_{i}", "name": a.name, "arguments": a.arguments}) for i, a in enumerate(gold)]
@@ -66,7 +66,7 @@ def gym_episode(tau2, domain: str, task) -> tuple[float, object]:
     """AgentGymEnv as shipped (its user replaced by the oracle user outside solo mode)."""
     from tau2.gym.gym_agent import AgentGymEnv
 
-    from seal_rl.ood.tau2_oracle import oracle_classes
+    from seal_rl.environments.tau2_oracle import oracle_classes
 
     solo = domain in SOLO
     _, OracleUser = oracle_classes(tau2)
@@ -100,7 +100,7 @@ def fast_episode(tau2, domain: str, task) -> tuple[float, object]:
     from tau2.utils.tools import parse_action_string
 
     from seal_rl.environments.tau2_world import environment_constructor, scoring_domain
-    from seal_rl.ood.tau2_oracle import oracle_classes
+    from seal_rl.environments.tau2_oracle import oracle_classes
 
     solo = domain in SOLO
     actions = _actions(task, solo)
@@ -167,7 +167,7 @@ def main() -> int:
     if importlib.util.find_spec("gymnasium") is None:
         print("bench_env_tau2: gymnasium is not installed (τ²'s AgentGymEnv imports it): pip install gymnasium==1.4.0")
         return 2
-    from seal_rl.ood.tau2_bench import load_tau2
+    from seal_rl.environments.tau2_bench import load_tau2
 
     tau2 = load_tau2()
     results = [bench_domain(tau2, d.strip(), args.tasks) for d in args.domains.split(",") if d.strip()]

@@ -55,8 +55,8 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from seal_rl.evaluate import ModelSettings
-    from seal_rl.ood.tau2_bench import Protocol, load_tasks, load_tau2
-    from seal_rl.ood.tau2_players import players
+    from seal_rl.environments.tau2_bench import Protocol, load_tasks, load_tau2
+    from seal_rl.environments.tau2_players import players
     from seal_rl.ood.tau2_run import evaluate_tau2
     from seal_rl.precision import native_bf16
 

@@ -46,7 +46,7 @@ PAPER = {"tau2": "16.11 → 20.79 (retail, airline, telecom)", "bfcl-memory": "9
 
 def tau2_tasks(domain: str, per_domain: int) -> list[str]:
     """The first ``per_domain`` task ids of τ²'s test split of ``domain``, in τ²'s order."""
-    from seal_rl.ood.tau2_bench import load_tasks, load_tau2
+    from seal_rl.environments.tau2_bench import load_tasks, load_tau2
 
     return [task.id for task in load_tasks(load_tau2(), domain, "test", None)[:per_domain]]
 

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("seal", ["apatch", "credit", "diagnose", "profile", "interface"]),
     ("environment", ["verify", "env", "differential", "parity"]),
     ("agents", ["rollout", "policies", "generators", "budgets"]),
-    ("learning", ["evaluate", "ood", "environments", "prefix_tree", "sft", "templates", "tiny", "train", "plan", "fit", "preflight", "study"]),
+    ("learning", ["evaluate", "environments", "ood", "prefix_tree", "sft", "templates", "tiny", "train", "plan", "fit", "preflight", "study"]),
     ("front ends", ["report", "service", "integrations", "cli", "__main__"]),
 ]
 ORDER = [f"seal_rl.{name}" if name != "seal_rl" else name for _, names in LAYERS for name in names]

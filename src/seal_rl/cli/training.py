@@ -66,7 +66,10 @@ def train_command(
             err.print(chosen, markup=False, highlight=False, soft_wrap=True)
         check_before_training(recipe, processes=processes, num_tasks=len(tasks), force=force,
                               say=lambda text: err.print(text, markup=False, highlight=False, soft_wrap=True))  # fmt: skip
-    summary = train(recipe, out_dir, resume=resume, recipe_path=config, family=family)
+    try:
+        summary = train(recipe, out_dir, resume=resume, recipe_path=config, family=family)
+    finally:
+        getattr(family, "close", lambda: None)()  # a simulated user's model
     out.print(f"trained {summary['rounds']} rounds ({summary['steps']} optimizer steps); model: {summary['model']}")
     if summary["validation"]:
         out.print("validation success (greedy, strict): " + " → ".join(f"{v:.2f}" for v in summary["validation"]))

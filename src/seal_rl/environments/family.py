@@ -117,6 +117,9 @@ class Family:
         """V(τ): score the finished episode from its final ``state`` and the chat ``transcript``."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the family holds (a simulated user's model); called once a run is over."""
+
     # -- what seal-rl builds from it -----------------------------------------------------------
 
     def task_set(self) -> TaskSource:

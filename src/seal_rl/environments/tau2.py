@@ -11,16 +11,23 @@ Why not ``tau2.gym.AgentGymEnv``: its observations are formatted text (the loop 
 calls and results for the trace Ψ reads), it runs the orchestrator in a thread per episode, and it
 re-loads the task file at every step (87% of a telecom episode's time, DESIGN.md §12).
 
-Three ways to play the user (``family_settings``):
+Ways to play the user (``family_settings``):
 
 * ``solo: true`` — τ²'s solo mode, for the tasks τ²'s solo agent accepts (a ticket and gold actions:
   telecom all, mock 6 of 9): no user,
   the agent gets τ²'s solo policy and the ticket, and ends with τ²'s ``done`` tool;
 * ``user: openai:MODEL@URL`` — τ²'s ``UserSimulator`` (its own prompt, temperature 0) on any
-  OpenAI-compatible server (``vllm serve``, ``seal rollout-server``). The user is never trained: its
-  messages are observations, so its tokens never reach the loss;
+  OpenAI-compatible server (``vllm serve``, ``seal rollout-server``);
+* ``user: hf:MODEL`` / ``vllm:MODEL`` — the same ``UserSimulator`` with a local model, loaded in the
+  trainer's process and served to τ² through litellm (:mod:`seal_rl.environments.tau2_players`);
 * ``user: oracle`` — the scripted user of ``seal eval``'s τ² oracle (opens, runs the user-side gold
-  actions, stops): the parity check of this path against the evaluation's.
+  actions, stops): the parity check.
+
+The user is never trained: its messages are observations, so its tokens never reach the loss.
+
+``seal eval --benchmark tau2-DOMAIN`` plays its conversations through the same :class:`Conversation`
+(the same environment, orchestrator stepping and scoring), with τ²'s own agent on the agent side
+(``LLMAgent``: τ²'s prompts, unchanged) instead of the policy's pushed messages.
 
 Differences from ``tau2 run`` a user should know: each tool call of a message is sent to τ² as its
 own agent message (the trace keeps one entry per call; τ²'s ``max_steps`` counts them one by one),
@@ -36,16 +43,21 @@ labels only, never the reward (docs/diagnosis.md).
 from __future__ import annotations
 
 import copy
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from seal_rl.environments.family import Family, FamilyTask, TaskSource
 from seal_rl.environments.outcome import Outcome, ToolError
+from seal_rl.environments.tau2_models import EngineError, engine_failure
+from seal_rl.environments.tau2_oracle import oracle_classes
+from seal_rl.environments.tau2_players import Player, user_player
 from seal_rl.environments.tau2_world import environment_constructor, scoring_domain
 from seal_rl.errors import SealError
-from seal_rl.ood.tau2_oracle import oracle_classes
+from seal_rl.policies import ServerPolicy, parse_policy
 
 DOMAINS = ("airline", "retail", "telecom", "mock")
 READ_PREFIXES = ("get_", "find_", "list_", "search_", "check_", "calculate")
@@ -70,9 +82,11 @@ class Tau2TaskSource(TaskSource):
 class Tau2Family(Family):
     """τ²-bench's ``domain`` as a family (see the module docstring)."""
 
-    def __init__(self, domain: str, *, solo: bool | None = None, user: str | None = None, max_steps: int = 200,
-                 max_errors: int = 10, seed: int = 300, user_timeout: float = 120.0) -> None:  # fmt: skip
-        from seal_rl.ood.tau2_bench import load_tau2, splits
+    def __init__(self, domain: str, *, solo: bool | None = None, user: str | Player | None = None, max_steps: int = 200,
+                 max_errors: int = 10, seed: int = 300, user_timeout: float = 120.0, user_temperature: float = 0.0,
+                 user_max_new_tokens: int = 512) -> None:  # fmt: skip
+        from seal_rl.environments.tau2_bench import load_tau2, splits
+        from seal_rl.evaluate import ModelSettings
 
         if domain not in DOMAINS:
             raise SealError(f"Unknown τ² domain {domain!r}: choose one of {', '.join(f'tau2-{d}' for d in DOMAINS)}.")
@@ -84,9 +98,14 @@ class Tau2Family(Family):
             raise SealError(f"{self.name}: solo mode has no user; drop family_settings.user or set solo: false.")
         if not self.solo and user is None:
             raise SealError(f"{self.name} with a user needs one: family_settings.user=openai:MODEL@URL (a `vllm serve` "
-                            "of the user model), or solo: true for tasks with a ticket (telecom, mock).")  # fmt: skip
-        self.user = None if user is None else "oracle" if user == "oracle" else _user_player(user)
+                            "of the user model), hf:MODEL or vllm:MODEL (loaded in this process), or solo: true for "
+                            "tasks with a ticket (telecom, mock).")  # fmt: skip
+        self.user_spec = user.spec if isinstance(user, Player) else user
+        self._user = user if isinstance(user, Player) else None
+        self._user_policy = None if user is None or isinstance(user, Player) or user == "oracle" else _user_policy(user)
+        self._closing, self._user_lock = ExitStack(), threading.Lock()
         self.user_timeout = user_timeout
+        self.user_settings = ModelSettings(temperature=user_temperature, max_new_tokens=user_max_new_tokens, timeout=user_timeout)
         self.max_steps, self.max_errors, self.seed = max_steps, max_errors, seed
         known = splits(self.tau2, domain)
         split_of = {t: name for name in ("test", "train") for t in known.get(name, ())}
@@ -111,13 +130,16 @@ class Tau2Family(Family):
         self.inspect_tools = tuple(d["name"] for d in self._docs if d["name"].startswith(READ_PREFIXES))
 
     def check_user(self, timeout: float = 10.0) -> None:
-        """A user on a server answers ``GET /models`` and serves the model named; one line otherwise (``seal
-        train`` and ``seal preflight`` ask before anything starts)."""
+        """The simulated user can play, or one line (``seal train`` and ``seal preflight`` ask before anything
+        starts): a server answers ``GET /models`` and serves the model named; a local model loads."""
         import httpx
 
-        if self.user is None or self.user == "oracle":
+        if not isinstance(self._user_policy, ServerPolicy):
+            if self._user_policy is not None:
+                self.user_player()  # loads the model now: a model that cannot load is one line before the run
             return
-        url = self.user.url.rstrip("/")
+        policy = self._user_policy
+        url = policy.url.rstrip("/")
         try:
             response = httpx.get(f"{url}/models", timeout=timeout)
             response.raise_for_status()
@@ -125,9 +147,30 @@ class Tau2Family(Family):
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             raise SealError(f"The user simulator's server {url} cannot be reached ({type(exc).__name__}: {exc}); start it "
                             "(e.g. `vllm serve MODEL --port PORT`) or fix family_settings.user.") from None  # fmt: skip
-        if self.user.model not in served:
+        if policy.model not in served:
             raise SealError(f"The user simulator's server {url} serves {', '.join(served) or 'no model'}, not "
-                            f"{self.user.model!r}; fix family_settings.user.")  # fmt: skip
+                            f"{policy.model!r}; fix family_settings.user.")  # fmt: skip
+
+    def user_player(self) -> Player | None:
+        """The simulated user's :class:`Player` (None in solo mode); a local model loads at the first call."""
+        if self.solo:
+            return None
+        with self._user_lock:
+            if self._user is None:
+                try:
+                    self._user = self._closing.enter_context(user_player(self.user_spec, timeout=self.user_timeout,
+                                                                         settings=self.user_settings))
+                except SealError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a model that cannot load is one line, not a traceback
+                    said = " ".join(str(exc).split())[:300]  # one line, whatever the loader wrote
+                    raise SealError(f"family_settings.user {self.user_spec!r} cannot load: {type(exc).__name__}: {said}") from None
+            return self._user
+
+    def close(self) -> None:
+        """Release the simulated user's local model, if one was loaded."""
+        self._closing.close()
+        self._user = None if self._user_policy is not None else self._user
 
     # -- the family protocol ------------------------------------------------------------------
 
@@ -185,16 +228,17 @@ def _category(domain: str, task_id: str) -> str:
     return domain
 
 
-def _user_player(spec: str) -> Any:
-    from seal_rl.policies import ServerPolicy, parse_policy
+def _user_policy(spec: str) -> Any:
+    """``family_settings.user``'s policy (``openai:``, ``hf:``, ``vllm:``), or one line on what a user can be."""
+    from seal_rl.policies import ModelPolicy, VLLMPolicy
 
     try:
         policy = parse_policy(spec)
     except SealError as exc:
         raise SealError(f"family_settings.user {spec!r}: {exc}") from None
-    if not isinstance(policy, ServerPolicy):
-        raise SealError(f"family_settings.user {spec!r}: a training user runs on a server: openai:MODEL@URL (serve the "
-                        "model with `vllm serve` or `seal rollout-server`); hf: and vllm: users are for seal eval.")  # fmt: skip
+    if not isinstance(policy, (ServerPolicy, ModelPolicy, VLLMPolicy)):
+        raise SealError(f"family_settings.user {spec!r} cannot play τ²'s user: choose openai:MODEL@URL (a `vllm serve` "
+                        "of the user model), hf:MODEL, vllm:MODEL or oracle.")  # fmt: skip
     return policy
 
 
@@ -265,28 +309,41 @@ def _pushed_class(tau2: Any, solo: bool) -> type:
 
 
 class Conversation:
-    """One τ² conversation, stepped by the policy's messages (a :class:`Tau2Family` episode's state)."""
+    """One τ² conversation (a :class:`Tau2Family` episode's state). ``agent``: None for training, where each
+    agent message is the one the policy wrote (pushed by :meth:`tool_call` and :meth:`text`); or a
+    :class:`Player` whose τ² agent class writes every message (``seal eval``: τ²'s ``LLMAgent`` with its own
+    prompts, or the scripted oracle), played to the end by :meth:`play`. ``seed``: τ²'s seed of the
+    conversation (default the family's); ``script``: the task scripted players play instead of ``task``
+    (the negative control's oracle); the score is always against ``task``."""
 
-    def __init__(self, family: Tau2Family, task: Any) -> None:
+    def __init__(self, family: Tau2Family, task: Any, *, agent: Player | None = None, seed: int | None = None,
+                 script: Any = None) -> None:  # fmt: skip
         tau2, self.family, self.task = family.tau2, family, task
+        self.seed = family.seed if seed is None else seed
+        script = task if script is None else script
         env = environment_constructor(tau2, family.domain)(solo_mode=family.solo)
-        tools = _env_tools(env, family.solo)
-        agent_class = _pushed_class(tau2, family.solo)
-        self.agent = agent_class(tools, env.get_policy(), task) if family.solo else agent_class(tools, env.get_policy())
-        user_tools = list(env.get_user_tools()) if env.user_tools else None
-        if family.solo:
-            user = tau2.user_simulator.DummyUser()
-        elif family.user == "oracle":  # the scripted user of `seal eval`'s τ² oracle (tests, benchmarks)
-            user = oracle_classes(tau2)[1](task=task, tools=user_tools)
+        self.pushed = agent is None
+        if self.pushed:
+            agent_class = _pushed_class(tau2, family.solo)
+            tools = _env_tools(env, family.solo)
+            self.agent = agent_class(tools, env.get_policy(), task) if family.solo else agent_class(tools, env.get_policy())
+        elif agent.scripted:
+            self.agent = oracle_classes(tau2)[0](tools=env.get_tools(), domain_policy=env.get_policy(), task=script)
         else:
-            p = family.user
-            user = tau2.user_simulator.UserSimulator(
-                tools=user_tools, instructions=str(task.user_scenario), llm=f"openai/{p.model}",
-                llm_args={"api_base": p.url, "api_key": "EMPTY", "temperature": 0.0, "timeout": family.user_timeout},
-            )  # fmt: skip
+            self.agent = tau2.llm_agent.LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy(), llm=agent.llm,
+                                                 llm_args=dict(agent.llm_args))  # fmt: skip
+        user_tools = list(env.get_user_tools()) if env.user_tools else None
+        player = family.user_player()
+        if player is None:
+            user = tau2.user_simulator.DummyUser()
+        elif player.scripted:  # the scripted user of `seal eval`'s τ² oracle
+            user = oracle_classes(tau2)[1](task=script, tools=user_tools)
+        else:
+            user = tau2.user_simulator.UserSimulator(tools=user_tools, instructions=str(task.user_scenario), llm=player.llm,
+                                                     llm_args=dict(player.llm_args))  # fmt: skip
         o = tau2.orchestrator
         self.orchestrator = o.Orchestrator(domain=family.domain, agent=self.agent, user=user, environment=env, task=task,
-                                           max_steps=family.max_steps, max_errors=family.max_errors, seed=family.seed,
+                                           max_steps=family.max_steps, max_errors=family.max_errors, seed=self.seed,
                                            solo_mode=family.solo)  # fmt: skip
         self.started, self.began = o.get_now(), time.perf_counter()
         self.initialized = False
@@ -294,9 +351,15 @@ class Conversation:
         self.termination: str | None = None
         self.failure: str | None = None
         self.opening = ""
-        if not family.solo:  # the agent's greeting goes to the user, whose first message opens the chat
+        if self.pushed and not family.solo:  # the agent's greeting goes to the user, whose first message opens the chat
             self._run(None)
             self.opening = self._last_user_text() or ""
+
+    def play(self) -> Conversation:
+        """Play a conversation whose agent writes its own messages to the end (``Orchestrator.run``'s loop).
+        Raises :class:`~seal_rl.environments.tau2_models.EngineError` where no message could be generated."""
+        self._run(None)
+        return self
 
     # -- what the episode asks -----------------------------------------------------------------
 
@@ -336,8 +399,11 @@ class Conversation:
         simulation = tau2.simulation.SimulationRun(
             id=str(uuid.uuid4()), task_id=self.task.id, start_time=self.started, end_time=tau2.orchestrator.get_now(),
             duration=time.perf_counter() - self.began, termination_reason=reason(self.termination), reward_info=None,
-            messages=self.orchestrator.get_trajectory(), seed=self.family.seed,
+            messages=self.orchestrator.get_trajectory(), seed=self.seed,
         )  # fmt: skip
+        costs = tau2.orchestrator.get_cost(simulation.messages)  # as Orchestrator.run records them (None for local models)
+        if costs is not None:
+            simulation.agent_cost, simulation.user_cost = costs
         domain = scoring_domain(tau2, self.family.domain)
         kind = tau2.evaluator.EvaluationType.ALL
         failure = self.failure
@@ -360,16 +426,18 @@ class Conversation:
     # -- stepping τ²'s orchestrator ------------------------------------------------------------
 
     def _run(self, message: Any) -> None:
-        """Hand ``message`` to the agent and step the orchestrator until the agent is asked again or the
-        conversation ends, with ``Orchestrator.run``'s checks of max_steps and max_errors."""
+        """Hand ``message`` to a pushed agent and step the orchestrator until the agent is asked again or the
+        conversation ends (an agent that writes its own messages: until it ends), with ``Orchestrator.run``'s
+        checks of max_steps and max_errors."""
         o = self.orchestrator
         roles, reason = self.family.tau2.orchestrator.Role, self.family.tau2.simulation.TerminationReason
-        self.agent.pending = message
+        if self.pushed:
+            self.agent.pending = message
         try:
             if not self.initialized:
                 self.initialized = True
                 o.initialize()
-            while not o.done and not (o.to_role == roles.AGENT and self.agent.pending is None):
+            while not o.done and not (self.pushed and o.to_role == roles.AGENT and self.agent.pending is None):
                 o.step()
                 if o.to_role == roles.ENV:
                     continue
@@ -378,10 +446,13 @@ class Conversation:
                 if o.num_errors >= o.max_errors:
                     o.done, o.termination_reason = True, reason.TOO_MANY_ERRORS
         except Exception as exc:  # noqa: BLE001 - a message τ² refuses ends the conversation as τ²'s run would
+            if not self.pushed and engine_failure(self.family.tau2, exc):  # seal eval plays it again on resume
+                raise EngineError(str(exc)) from exc
             side = "user" if o.to_role == roles.USER else "agent"
             o.done, o.termination_reason = True, (reason.USER_ERROR if side == "user" else reason.AGENT_ERROR)
             self.failure = f"{side}: {type(exc).__name__}: {str(exc)[:500]}"
-        self.agent.pending = None
+        if self.pushed:
+            self.agent.pending = None
         if o.done:
             self.termination = o.termination_reason.value
 

@@ -1,14 +1,15 @@
 """``seal eval --benchmark tau2-DOMAIN``: τ²-bench conversations, run and scored by τ²'s own code.
 
-Each conversation is τ²'s ``Orchestrator`` (built here, as ``tau2.run.run_task`` builds it) between
-an agent and a user simulator, with τ²'s ``max_steps``, ``max_errors`` and per-trial seeds, and is
-scored by ``tau2.evaluator.evaluator.evaluate_simulation`` with ``EvaluationType.ALL`` (database
+Each conversation is τ²'s ``Orchestrator`` (built as ``tau2.run.run_task`` builds it) between an agent
+and a user simulator, with τ²'s ``max_steps``, ``max_errors`` and per-trial seeds, played through the
+same :class:`~seal_rl.environments.tau2.Conversation` as training's τ² episodes (one environment path;
+here τ²'s own agent class writes the agent's messages, with τ²'s prompts), and scored by ``tau2.evaluator.evaluator.evaluate_simulation`` with ``EvaluationType.ALL`` (database
 hash against a replay of the gold actions, gold actions, ``communicate_info``, environment
 assertions; no LLM judge). Players (``--policy`` for the agent, ``--user`` for the user):
 
-* ``oracle`` — :mod:`seal_rl.ood.tau2_oracle` (the harness check);
+* ``oracle`` — :mod:`seal_rl.environments.tau2_oracle` (the harness check);
 * ``hf:`` / ``vllm:`` — a local model behind litellm's ``seal-rl`` provider
-  (:mod:`seal_rl.ood.tau2_models`), one engine per model shared by all conversations;
+  (:mod:`seal_rl.environments.tau2_models`), one engine per model shared by all conversations;
 * ``openai:MODEL@URL`` — litellm's own OpenAI provider against the server.
 
 The run directory holds, as for BFCL runs, ``config.json``, ``results.jsonl`` (one line per
@@ -26,22 +27,20 @@ from __future__ import annotations
 import json
 import platform
 import re
-import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from seal_rl import __version__, jsonl
 from seal_rl.errors import SealError
-from seal_rl.ood.tau2_bench import TAU2_VERSION, Protocol, trial_seeds
-from seal_rl.ood.tau2_models import Engine, EngineError, PlayerFailure, serving
-from seal_rl.ood.tau2_oracle import oracle_classes
+from seal_rl.environments.tau2 import Conversation, Tau2Family
+from seal_rl.environments.tau2_bench import TAU2_VERSION, Protocol, trial_seeds
+from seal_rl.environments.tau2_models import EngineError
+from seal_rl.environments.tau2_players import Player
 from seal_rl.runlock import run_lock
 from seal_rl.stats import wilson
 
@@ -51,87 +50,17 @@ SUCCESS = 1 - 1e-6
 """τ²'s ``is_successful``: a conversation succeeds when its reward is 1 (up to rounding)"""
 
 
-@dataclass(frozen=True)
-class Player:
-    """Who plays one side: ``oracle``, or a litellm model (``llm``, ``llm_args``) for τ²'s LLM classes."""
-
-    spec: str
-    llm: str | None = None
-    llm_args: dict[str, Any] = field(default_factory=dict)
-    engine: Engine | None = None
-    """the engine behind a local model (``hf:``, ``vllm:``), served as ``llm`` while the run lasts"""
-
-    @property
-    def scripted(self) -> bool:
-        return self.spec == "oracle"
-
-
-def _user_tools(env: Any) -> list[Any] | None:
-    try:
-        return env.get_user_tools() or None
-    except Exception:  # noqa: BLE001 - τ²'s run_task does the same: a domain without user tools raises
-        return None
-
-
-def play(tau2: SimpleNamespace, domain: str, task: Any, agent: Player, user: Player, protocol: Protocol, seed: int,
-         played: Any | None = None) -> Any:  # fmt: skip
-    """One τ² conversation on ``task``, scored by ``evaluate_simulation`` (``ALL``): τ²'s
-    ``SimulationRun`` with its ``reward_info``. ``played``: the task the scripted players play
-    instead (the negative control's oracle); the score is always against ``task``.
+def play(family: Tau2Family, task: Any, agent: Player, seed: int, played: Any | None = None) -> tuple[Any, str | None]:
+    """One τ² conversation on ``task`` through the training path's :class:`~seal_rl.environments.tau2.Conversation`
+    (the same environment, orchestrator stepping and scoring), with τ²'s own agent class on the agent side:
+    τ²'s ``SimulationRun`` with its ``reward_info`` (``evaluate_simulation``, ``ALL``), and the player's
+    failure. ``played``: the task the scripted players play instead (the negative control's oracle); the
+    score is always against ``task``.
 
     A player's failure ends the conversation as ``agent_error`` / ``user_error`` (trajectory kept,
     reward 0); an :class:`EngineError` (no message could be generated) is raised."""
-    oracle_agent, oracle_user = oracle_classes(tau2)
-    script = played if played is not None else task
-    env = tau2.registry.get_env_constructor(domain)()
-    if agent.scripted:
-        agent_obj = oracle_agent(tools=env.get_tools(), domain_policy=env.get_policy(), task=script)
-    else:
-        agent_obj = tau2.llm_agent.LLMAgent(tools=env.get_tools(), domain_policy=env.get_policy(), llm=agent.llm, llm_args=dict(agent.llm_args))
-    tools = _user_tools(env)
-    if user.scripted:
-        user_obj = oracle_user(task=script, tools=tools)
-    else:
-        user_obj = tau2.user_simulator.UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=user.llm,
-                                                     llm_args=dict(user.llm_args))  # fmt: skip
-    Orchestrator, Reason = tau2.orchestrator.Orchestrator, tau2.simulation.TerminationReason
-    orchestrator = Orchestrator(domain=domain, agent=agent_obj, user=user_obj, environment=env, task=task,
-                                max_steps=protocol.max_steps, max_errors=protocol.max_errors, seed=seed)  # fmt: skip
-    started, began = tau2.orchestrator.get_now(), time.perf_counter()
-    try:
-        simulation = orchestrator.run()
-        failure = None
-    except Exception as exc:  # noqa: BLE001 - model output must never stop the run (module docstring)
-        if _engine_failure(tau2, exc):
-            raise EngineError(str(exc)) from exc
-        failed = tau2.orchestrator.Role.USER if orchestrator.to_role == tau2.orchestrator.Role.USER else tau2.orchestrator.Role.AGENT
-        reason = Reason.USER_ERROR if failed == tau2.orchestrator.Role.USER else Reason.AGENT_ERROR
-        failure = f"{failed.value}: {type(exc).__name__}: {str(exc)[:500]}"
-        simulation = tau2.simulation.SimulationRun(
-            id=str(uuid.uuid4()), task_id=task.id, start_time=started, end_time=tau2.orchestrator.get_now(),
-            duration=time.perf_counter() - began, termination_reason=reason, messages=orchestrator.get_trajectory(), seed=seed,
-        )  # fmt: skip
-    simulation.reward_info = tau2.evaluator.evaluate_simulation(simulation=simulation, task=task, domain=domain, solo_mode=False,
-                                                                evaluation_type=tau2.evaluator.EvaluationType.ALL)  # fmt: skip
+    simulation, _, failure = Conversation(family, task, agent=agent, seed=seed, script=played).play().score()
     return simulation, failure
-
-
-def _engine_failure(tau2: SimpleNamespace, exc: BaseException) -> bool:
-    """Whether ``exc`` says no message could be generated (a server down, an engine that failed),
-    not something a player did: an :class:`EngineError` or litellm's connection-level errors,
-    unless a :class:`PlayerFailure` of seal-rl's provider is what litellm wrapped."""
-    litellm = tau2.litellm
-    infrastructure = (litellm.APIConnectionError, litellm.Timeout, litellm.RateLimitError, litellm.ServiceUnavailableError,
-                      litellm.InternalServerError, litellm.AuthenticationError, litellm.NotFoundError)  # fmt: skip
-    chain, seen = [], exc
-    while seen is not None and len(chain) < 20:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    if any(isinstance(e, EngineError) for e in chain):
-        return True
-    if any(isinstance(e, PlayerFailure) for e in chain):
-        return False
-    return isinstance(exc, infrastructure)
 
 
 def record(domain: str, index: int, trial: int, seed: int, simulation: Any, failure: str | None) -> dict[str, Any]:
@@ -255,20 +184,16 @@ def evaluate_tau2(
         def one(item: tuple[int, int, Any]) -> dict[str, Any]:
             index, trial, task = item
             try:
-                simulation, failure = play(tau2, domain, task, agent, user, protocol, seeds[trial],
-                                           played=(played or {}).get(task.id))  # fmt: skip
+                simulation, failure = play(family, task, agent, seeds[trial], played=(played or {}).get(task.id))
             except EngineError as exc:
                 return {"index": index, "benchmark": f"tau2-{domain}", "task_id": task.id, "trial": trial, "seed": seeds[trial],
                         "reward": 0.0, "success": False, "termination_reason": None, "error": str(exc)[:500]}  # fmt: skip
             return record(domain, index, trial, seeds[trial], simulation, failure)
 
-        engines = {name: p.engine for name, p in (("agent", agent), ("user", user)) if p.engine is not None}
-        with ExitStack() as stack, open(out / RESULTS_FILE, "a", encoding="utf-8") as results:
-            if engines:
-                names = stack.enter_context(serving(tau2.litellm, engines))
-                agent = replace(agent, llm=names["agent"]) if "agent" in names else agent
-                user = replace(user, llm=names["user"]) if "user" in names else user
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tau2-conversation"))
+        family = Tau2Family(domain, solo=False, user=user, max_steps=protocol.max_steps, max_errors=protocol.max_errors,
+                            seed=protocol.seed)  # fmt: skip
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tau2-conversation") as pool, \
+                open(out / RESULTS_FILE, "a", encoding="utf-8") as results:  # fmt: skip
             for line in pool.map(one, todo):  # in input order; later conversations keep playing meanwhile
                 jsonl.append(results, line)
                 records[line["index"]] = line

@@ -74,7 +74,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     from trl import GRPOConfig
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    if family is None:  # a bad family is one line before anything starts
+    owned = family is None
+    if owned:  # a bad family is one line before anything starts
         family = load_family(recipe.family, **recipe.family_settings)
     bfcl = isinstance(family, BfclFamily)
     task_set = family.task_set()
@@ -91,6 +92,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     is_main = distributed.is_main_process
     out = Path(out)
     with ExitStack() as held:
+        if owned:
+            held.callback(getattr(family, "close", lambda: None))  # a simulated user's model, once the run is over
         if is_main:
             held.enter_context(run_lock(out))  # one writer per run directory
         if resume is not None and Path(resume).resolve() != out.resolve():

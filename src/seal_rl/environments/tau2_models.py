@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from seal_rl.errors import SealError
@@ -54,6 +55,24 @@ class PlayerFailure(Exception):
 class EngineError(Exception):
     """The generator could not answer (a server down, retries spent): the conversation is recorded
     as a generation error and played again on resume, as ``seal eval`` does for BFCL."""
+
+
+def engine_failure(tau2: SimpleNamespace, exc: BaseException) -> bool:
+    """Whether ``exc`` says no message could be generated (a server down, an engine that failed),
+    not something a player did: an :class:`EngineError` or litellm's connection-level errors,
+    unless a :class:`PlayerFailure` of seal-rl's provider is what litellm wrapped."""
+    litellm = tau2.litellm
+    infrastructure = (litellm.APIConnectionError, litellm.Timeout, litellm.RateLimitError, litellm.ServiceUnavailableError,
+                      litellm.InternalServerError, litellm.AuthenticationError, litellm.NotFoundError)  # fmt: skip
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, EngineError) for e in chain):
+        return True
+    if any(isinstance(e, PlayerFailure) for e in chain):
+        return False
+    return isinstance(exc, infrastructure)
 
 
 def to_seal_messages(messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, prompt_mode: str,

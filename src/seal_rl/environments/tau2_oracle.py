@@ -9,7 +9,7 @@ this earns reward 1.0 on every test task of the three domains; a wrong value in 
 writes to the database (:func:`with_wrong_write`) must lose it: the negative control.
 
 Both classes are τ²'s own plug points (``LocalAgent``, ``BaseUser``), built on the classes
-:func:`seal_rl.ood.tau2_bench.load_tau2` imports.
+:func:`seal_rl.environments.tau2_bench.load_tau2` imports.
 """
 
 from __future__ import annotations
