@@ -28,7 +28,8 @@ import platform
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -359,6 +360,62 @@ def _resumable(out: Path, config: dict[str, Any], overwrite: bool) -> list[dict[
     return []
 
 
+class RunDirectory:
+    """An evaluation run's directory while it is played: ``config.json``, ``results.jsonl`` (one line per
+    episode or conversation, keyed by its ``index``) and ``summary.json``. Every runner writes through
+    it (BFCL and the environment families: :func:`evaluate`; τ²-bench: :mod:`seal_rl.ood.tau2_run`;
+    BFCL V4 memory: :mod:`seal_rl.ood.bfcl_memory`), so every run resumes alike: the same command into
+    the same directory keeps what was recorded, plays again what ended in a generation error, and
+    refuses another run's directory (:func:`run_directory` holds the run lock)."""
+
+    def __init__(self, out: Path, overwrite: bool) -> None:
+        self.out, self.overwrite = Path(out), overwrite
+        self.records: dict[int, dict[str, Any]] = {}
+        self._results: Any = None
+
+    def resume(self, config: dict[str, Any], on_resume: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        """Start the run with ``config`` (``config.json``) or resume it: the records kept, generation errors
+        left out (their episodes are played again); ``on_resume`` receives them."""
+        done = [r for r in _resumable(self.out, config, self.overwrite) if not r.get("error")]
+        jsonl.rewrite(self.out / RESULTS_FILE, done)
+        self.records = {r["index"]: r for r in done}
+        if done and on_resume is not None:
+            on_resume(done)
+        self._results = open(self.out / RESULTS_FILE, "a", encoding="utf-8")
+        return done
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Record one finished episode (one whole line, flushed: a crash loses at most that line)."""
+        jsonl.append(self._results, record)
+        self.records[record["index"]] = record
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [self.records[i] for i in sorted(self.records)]
+
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """``results.jsonl`` in index order (retried episodes back in place) and ``summary.json``."""
+        self.close()
+        jsonl.rewrite(self.out / RESULTS_FILE, self.ordered())
+        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def close(self) -> None:
+        if self._results is not None:
+            self._results.close()
+            self._results = None
+
+
+@contextmanager
+def run_directory(out: Path, overwrite: bool) -> Iterator[RunDirectory]:
+    """A :class:`RunDirectory` under the run lock (one writer per run directory)."""
+    with run_lock(Path(out)):
+        run = RunDirectory(out, overwrite)
+        try:
+            yield run
+        finally:
+            run.close()
+
+
 def evaluate(
     episodes: Sequence[Episode],
     env_config: EnvConfig,
@@ -397,18 +454,13 @@ def evaluate(
     }
     if family is not None and getattr(family, "name", "bfcl") != "bfcl":  # BFCL runs keep their config as it was (resume)
         config["family"] = family.name
-    with run_lock(Path(out)):  # one writer per run directory
+    with run_directory(Path(out), overwrite) as run:
         precision = None if generator is not None else run_precision(policy, settings, Path(out), overwrite)
         if precision is not None:
             if precision.record is not None:
                 config["precision"] = precision.record
             settings = replace(settings, dtype=precision.dtype)
-        done = _resumable(Path(out), config, overwrite)
-        if any(r.get("error") for r in done):  # generation errors are played again on resume
-            done = [r for r in done if not r.get("error")]
-            jsonl.rewrite(Path(out) / RESULTS_FILE, done)
-        if done and on_resume is not None:
-            on_resume(done)
+        done = run.resume(config, on_resume)
         owned = generator is None  # a generator made here is closed here (connections, threads)
         if generator is None:
             generator, chat, budgets = make_generator(policy, settings, env_config, episodes)
@@ -418,50 +470,42 @@ def evaluate(
         else:
             budgets = Budgets(max_prompt_tokens=10**9, max_completion_tokens=settings.max_completion_tokens,
                               max_new_tokens=settings.max_new_tokens, max_thinking_tokens=settings.max_thinking_tokens)  # fmt: skip
-        records = [{k: r.get(k) for k in ("task_id", "category", "reward", "error")} for r in done]
         finished = {r["index"] for r in done}
         todo = [e for e in episodes if e.index not in finished]
         waiting: dict[int, dict[str, Any]] = {}
         order = iter(e.index for e in todo)
         next_index = next(order, None)
-        with open(Path(out) / RESULTS_FILE, "a", encoding="utf-8") as results:
 
-            def done_callback(rollout) -> None:  # write finished episodes in input order
-                nonlocal next_index
-                add_diagnosis(rollout.record)
-                waiting[rollout.index] = rollout.record
-                while next_index in waiting:
-                    record = waiting.pop(next_index)
-                    jsonl.append(results, record)
-                    records.append({k: record.get(k) for k in ("task_id", "category", "reward", "error")})
-                    if on_episode is not None:
-                        on_episode(record)
-                    next_index = next(order, None)
+        def done_callback(rollout) -> None:  # write finished episodes in input order
+            nonlocal next_index
+            add_diagnosis(rollout.record)
+            waiting[rollout.index] = rollout.record
+            while next_index in waiting:
+                record = waiting.pop(next_index)
+                run.add(record)
+                if on_episode is not None:
+                    on_episode(record)
+                next_index = next(order, None)
 
-            catalog = ToolCatalog()
-            make = family.make_env if family is not None else BfclEnv
-            try:
-                run_episodes(
-                    [(e.index, e.task, e.extra) for e in todo], generator, lambda: make(env_config, catalog=catalog),
-                    chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
-                    scheduler=settings.rollout_scheduler,
-                )  # fmt: skip
-            finally:
-                if owned and hasattr(generator, "close"):
-                    generator.close()
-        kept = _read_complete_lines(Path(out) / RESULTS_FILE) if done else None
-        if kept is not None and [r["index"] for r in kept] != sorted(r["index"] for r in kept):
-            jsonl.rewrite(Path(out) / RESULTS_FILE, sorted(kept, key=lambda r: r["index"]))  # retried episodes back in place
-        summary = {
+        catalog = ToolCatalog()
+        make = family.make_env if family is not None else BfclEnv
+        try:
+            run_episodes(
+                [(e.index, e.task, e.extra) for e in todo], generator, lambda: make(env_config, catalog=catalog),
+                chat=chat, budgets=budgets, concurrency=settings.concurrency, seed=settings.seed, on_done=done_callback,
+                scheduler=settings.rollout_scheduler,
+            )  # fmt: skip
+        finally:
+            if owned and hasattr(generator, "close"):
+                generator.close()
+        return run.finish({
             "policy": name,
             "protocol": env_config.protocol,
             "split": split,
             "tasks": len({e.task.id for e in episodes}),
             **({"family": config["family"]} if "family" in config else {}),
-            **summarize(records),
-        }
-        (Path(out) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+            **summarize(run.ordered()),
+        })  # fmt: skip
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:

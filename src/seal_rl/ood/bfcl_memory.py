@@ -36,18 +36,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seal_rl import __version__, jsonl
+from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION, import_bfcl
 from seal_rl.bfcl_results import result_line, write_result_files
 from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.errors import SealError
-from seal_rl.evaluate import RESULTS_FILE, SUMMARY_FILE, ModelSettings, _resumable, make_generator, run_precision
+from seal_rl.evaluate import ModelSettings, make_generator, run_directory, run_precision
 from seal_rl.generators import ScriptedGenerator
 from seal_rl.interface import Message
 from seal_rl.policies import Episode, ScriptedAgent, parse_policy
 from seal_rl.reasoning import answer
 from seal_rl.rollout import Budgets, Generator, run_episodes
-from seal_rl.runlock import run_lock
 from seal_rl.stats import wilson
 from seal_rl.tasks import Task
 from seal_rl.tools import ToolCatalog
@@ -325,20 +324,16 @@ def evaluate_memory(
     config = {"benchmark": "bfcl-memory", "backends": list(backends), "policy": policy, "env": asdict(env_config),
               "entries": [t.id for t in tasks], "model_settings": None if scripted else asdict(settings),
               "versions": {"seal_rl": __version__, "bfcl_eval": BFCL_VERSION}}  # fmt: skip
-    with run_lock(out):
+    with run_directory(out, overwrite) as run:
         precision = None if scripted or generator is not None else run_precision(chosen, settings, out, overwrite)
         if precision is not None:
             if precision.record is not None:
                 config["precision"] = precision.record
             settings = replace(settings, dtype=precision.dtype)
-        done = [r for r in _resumable(out, config, overwrite) if not r.get("error")]
-        jsonl.rewrite(out / RESULTS_FILE, done)
+        done = run.resume(config, on_resume)
         if not done:  # a fresh run: no memory left by another
             for folder in snapshot_dirs(out, backends):
                 shutil.rmtree(folder, ignore_errors=True)
-        elif on_resume is not None:
-            on_resume(done)
-        records = {r["index"]: r for r in done}
         chat, budgets, owned = None, Budgets(), generator is None
         if generator is None and scripted:
             generator = ScriptedGenerator({indices[t.id]: ScriptedAgent(messages(t)) for t in tasks})
@@ -348,25 +343,21 @@ def evaluate_memory(
             if precision is not None:
                 print(precision.why, file=sys.stderr)  # once the weights have loaded, as seal eval says it
         try:
-            with open(out / RESULTS_FILE, "a", encoding="utf-8") as results:
 
-                def finished(record: dict[str, Any]) -> None:
-                    jsonl.append(results, record)
-                    records[record["index"]] = record
-                    if on_episode is not None:
-                        on_episode(record)
+            def finished(record: dict[str, Any]) -> None:
+                run.add(record)
+                if on_episode is not None:
+                    on_episode(record)
 
-                play_memory(tasks, generator, env_config, chat=chat, budgets=budgets,
-                            concurrency=settings.concurrency, seed=settings.seed,
-                            indices=indices, done={r["task_id"] for r in done}, on_done=finished)  # fmt: skip
+            play_memory(tasks, generator, env_config, chat=chat, budgets=budgets,
+                        concurrency=settings.concurrency, seed=settings.seed,
+                        indices=indices, done={r["task_id"] for r in done}, on_done=finished)  # fmt: skip
         finally:
             if owned and hasattr(generator, "close"):
                 generator.close()
-        ordered = [records[i] for i in sorted(records)]
-        jsonl.rewrite(out / RESULTS_FILE, ordered)
-        summary = {"benchmark": "bfcl-memory", "policy": policy, "protocol": env_config.protocol, **summarize(ordered, backends)}
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        ordered = run.ordered()
+        return run.finish({"benchmark": "bfcl-memory", "policy": policy, "protocol": env_config.protocol,
+                           **summarize(ordered, backends)})  # fmt: skip
 
 
 def play_memory(tasks: Sequence[MemoryTask], generator: Generator, env_config: EnvConfig, *, chat: Any = None, budgets: Budgets | None = None,

@@ -35,13 +35,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from seal_rl import __version__, jsonl
+from seal_rl import __version__
 from seal_rl.errors import SealError
 from seal_rl.environments.tau2 import Conversation, Tau2Family
 from seal_rl.environments.tau2_bench import TAU2_VERSION, Protocol, trial_seeds
 from seal_rl.environments.tau2_models import EngineError
 from seal_rl.environments.tau2_players import Player
-from seal_rl.runlock import run_lock
 from seal_rl.stats import wilson
 
 TAU2_RESULTS_FILE = "tau2_results.json"
@@ -163,7 +162,7 @@ def evaluate_tau2(
     """Play every task ``protocol.trials`` times (trial-major, as τ²'s ``run_tasks``), ``concurrency``
     conversations at once, writing ``results.jsonl`` in input order; return the summary.
     ``config``: the run's settings as ``config.json`` records them (resume refuses another run's)."""
-    from seal_rl.evaluate import RESULTS_FILE, SUMMARY_FILE, _resumable
+    from seal_rl.evaluate import run_directory
 
     if concurrency < 1:
         raise SealError(f"--concurrency must be at least 1, got {concurrency}.")
@@ -171,15 +170,12 @@ def evaluate_tau2(
     todo_all = [(trial, task) for trial in range(protocol.trials) for task in tasks]
     config = {**config, "conversations": [[task.id, trial] for trial, task in todo_all], "protocol": asdict(protocol),
               "versions": {"seal_rl": __version__, "tau2": TAU2_VERSION, "python": platform.python_version()}}  # fmt: skip
-    out = Path(out)
-    with run_lock(out):
-        done = [r for r in _resumable(out, config, overwrite) if not r.get("error")]
-        if done and on_resume is not None:
-            on_resume(done)
-        jsonl.rewrite(out / RESULTS_FILE, done)
+    family = Tau2Family(domain, solo=False, user=user, max_steps=protocol.max_steps, max_errors=protocol.max_errors,
+                        seed=protocol.seed)  # fmt: skip
+    with run_directory(Path(out), overwrite) as run:
+        done = run.resume(config, on_resume)
         finished = {r["index"] for r in done}
         todo = [(i, trial, task) for i, (trial, task) in enumerate(todo_all) if i not in finished]
-        records = {r["index"]: r for r in done}
 
         def one(item: tuple[int, int, Any]) -> dict[str, Any]:
             index, trial, task = item
@@ -190,20 +186,14 @@ def evaluate_tau2(
                         "reward": 0.0, "success": False, "termination_reason": None, "error": str(exc)[:500]}  # fmt: skip
             return record(domain, index, trial, seeds[trial], simulation, failure)
 
-        family = Tau2Family(domain, solo=False, user=user, max_steps=protocol.max_steps, max_errors=protocol.max_errors,
-                            seed=protocol.seed)  # fmt: skip
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tau2-conversation") as pool, \
-                open(out / RESULTS_FILE, "a", encoding="utf-8") as results:  # fmt: skip
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tau2-conversation") as pool:
             for line in pool.map(one, todo):  # in input order; later conversations keep playing meanwhile
-                jsonl.append(results, line)
-                records[line["index"]] = line
+                run.add(line)
                 if on_conversation is not None:
                     on_conversation(line)
-        ordered = [records[i] for i in sorted(records)]
-        summary = {"benchmark": f"tau2-{domain}", "policy": agent.spec, "user": user.spec, "split": config.get("split"),
-                   "tasks": len(tasks), "trials": protocol.trials, **summarize(ordered, protocol.trials, tau2)}  # fmt: skip
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        ordered = run.ordered()
         results_file = tau2_results(tau2, domain, tasks, ordered, agent, user, protocol)
-        (out / TAU2_RESULTS_FILE).write_text(json.dumps(_without_surrogates(results_file.model_dump(mode="json")), indent=2,
-                                                        ensure_ascii=False), encoding="utf-8")  # fmt: skip
-        return summary
+        (Path(out) / TAU2_RESULTS_FILE).write_text(json.dumps(_without_surrogates(results_file.model_dump(mode="json")), indent=2,
+                                                              ensure_ascii=False), encoding="utf-8")  # fmt: skip
+        return run.finish({"benchmark": f"tau2-{domain}", "policy": agent.spec, "user": user.spec, "split": config.get("split"),
+                           "tasks": len(tasks), "trials": protocol.trials, **summarize(ordered, protocol.trials, tau2)})  # fmt: skip
