@@ -77,6 +77,10 @@ def test_a_family_study_resumes_from_its_records_without_training_or_testing(stu
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert (tmp_path / "again" / "table.md").read_text() == (out / "table.md").read_text()
     assert sorted(p.name for p in (tmp_path / "again").iterdir()) == ["curves.png", "report.html", "summary.json", "table.md"]
+    assert json.loads((records / "seal-full-seed0.json").read_text())["family"] == FAMILY
+    bfcl = _seal("study", str(_design(tmp_path / "bfcl.json", held_out=["multi_turn_base_118"])), "--out", str(tmp_path / "bfcl"),
+                 "--records", str(records), "--max-runs", "0")  # fmt: skip
+    assert bfcl.returncode == 2 and f"a run on family {FAMILY}, but" in bfcl.stderr, bfcl.stderr[-2000:]  # not read as BFCL runs
 
 
 def test_the_plan_of_a_family_study_checks_it_against_the_family_and_runs_nothing(monkeypatch, capsys, tmp_path):

@@ -187,6 +187,9 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
         if record and seed is not None and record["rounds"] != design["rounds"]:
             raise SealError(f"{path}: a run of {record['rounds']} rounds, but {run.source} asks for {design['rounds']}: "
                             "move the records of the other design away (or give --records DIR).")  # fmt: skip
+        if record and record.get("family", "bfcl") != base.family:  # a BFCL record has no family
+            raise SealError(f"{path}: a run on family {record.get('family', 'bfcl')}, but {run.source} trains on {base.family}: "
+                            "move the records of the other design away (or give --records DIR).")  # fmt: skip
         return record
 
     def keep(arm: str, seed: int | None, test: list[dict] | None) -> None:
@@ -199,6 +202,8 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
             record = {"arm": arm, "start": start, "commit": git_commit(), "test": test, "costs": spent}
         else:
             record = run_record(run_dir(out, arm, seed), arm, seed, design["rounds"], start, task_set, test, spent)
+        if family is not None:  # which family the record's tasks are of (a BFCL record stays as it was)
+            record["family"] = base.family
         write_record(record_path(arm, seed), record)
         console.print(f"{name}: recorded in {records} (commit it: the study goes on from it on another machine)")
 
