@@ -32,7 +32,8 @@ def study_command(
     Writes OUT/summary.json, table.md (Wilson intervals; exact McNemar and bootstrap against the
     baseline arm, paired over task x seed), curves.png and report.html. A bad study file (unknown key,
     arm, recipe or task; seeds that are not integers; a held-out task that is also trained on) is
-    refused before anything starts.
+    refused before anything starts. A recipe that names an environment family (family: tau2-DOMAIN or
+    path/to/file.py:Class) runs on that family's tasks and is tested with seal eval --family.
     """
     from seal_rl import studies
 

@@ -7,6 +7,10 @@ others are compared with, the ``held_out`` tasks measured every round (never tra
 ``test`` tasks measured at the end. :func:`load_study` rejects a file with an unknown key, arm, recipe
 or task, seeds that are not integers, or a held-out task that is also trained on, with one
 :class:`~seal_rl.errors.SealError` line naming what is wrong — before any run starts.
+
+A recipe that names an environment family (``family:``, docs/environments.md) is checked against the
+family's own tasks (:func:`study_tasks`: loaded once per process, τ² takes seconds): its ids, splits
+and categories; its runs are validated under the ``seal`` protocol (a family's only one).
 """
 
 from __future__ import annotations
@@ -69,9 +73,27 @@ def load_study(study: str | Path, recipe: str | None = None, overrides: list[str
     overrides = list(overrides)
     if planning and "model" in hardware and not any(o.startswith("model.path=") for o in overrides):
         overrides.insert(0, f"model.path={hardware['model']}")
-    check_design(design, where, overrides, task_set or TaskSet.load())
+    check_design(design, where, overrides, task_set)
     design["overrides"] = overrides
     return design
+
+
+_FAMILIES: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def study_tasks(recipe: Any, task_set: TaskSet | None = None) -> tuple[Any, Any]:
+    """(the family, its tasks) of a study's recipe: (None, BFCL's :class:`TaskSet` — ``task_set`` when
+    given) for BFCL, else the recipe's family (built with its ``family_settings``) and its
+    :class:`~seal_rl.environments.TaskSource`, loaded once per process."""
+    if recipe.family == "bfcl":
+        return None, task_set or TaskSet.load()
+    key = (recipe.family, json.dumps(recipe.family_settings, sort_keys=True, default=str))
+    if key not in _FAMILIES:
+        from seal_rl.environments import load_family
+
+        family = load_family(recipe.family, **recipe.family_settings)
+        _FAMILIES[key] = family, family.task_set()
+    return _FAMILIES[key]
 
 
 def _known(where: str, section: str, values: dict, allowed: set[str]) -> None:
@@ -81,8 +103,9 @@ def _known(where: str, section: str, values: dict, allowed: set[str]) -> None:
                         f"{', '.join(sorted(allowed))}.")  # fmt: skip
 
 
-def check_design(design: dict[str, Any], where: str, overrides: list[str], task_set: TaskSet) -> None:
-    """Every check of :func:`load_study` on an already parsed design (see the module docstring)."""
+def check_design(design: dict[str, Any], where: str, overrides: list[str], task_set: TaskSet | None = None) -> None:
+    """Every check of :func:`load_study` on an already parsed design (see the module docstring); the
+    tasks are BFCL's (``task_set``) or those of the family the recipe names."""
     from seal_rl.train import load_recipe, select_tasks
 
     rounds = design["rounds"]
@@ -95,6 +118,11 @@ def check_design(design: dict[str, Any], where: str, overrides: list[str], task_
         base = load_recipe(design["recipe"], overrides)
     except SealError as exc:
         raise SealError(f"{where}: recipe {design['recipe']!r}: {exc}") from None
+    try:
+        family, task_set = study_tasks(base, task_set)
+    except SealError as exc:
+        raise SealError(f"{where}: recipe {design['recipe']!r}: {exc}") from None
+    named = base.family if family is not None else None  # a family's unknown task is named with it
     for arm, spec in arms.items():
         if not isinstance(spec, dict) or "recipe" not in spec or "seeds" not in spec:
             raise SealError(f"{where}: arm '{arm}' needs a recipe and seeds, e.g. {{recipe: vanilla-grpo, seeds: [0, 1, 2]}}.")
@@ -118,8 +146,8 @@ def check_design(design: dict[str, Any], where: str, overrides: list[str], task_
     if not isinstance(held_out, list):
         raise SealError(f"{where}: held_out is a list of training-split task ids, got {held_out!r}.")
     for task in held_out:
-        _task(where, "held_out", task, task_set)
-    trained = {t.id for t in select_tasks(base, task_set)[0]}
+        _task(where, "held_out", task, task_set, named)
+    trained = {t.id for t in (select_tasks(base, task_set, family) if family is not None else select_tasks(base, task_set))[0]}
     overlap = [task for task in held_out if task in trained]
     if overlap:
         raise SealError(f"{where}: held-out task {overlap[0]} is also trained on (recipe {design['recipe']}'s training tasks); "
@@ -131,7 +159,9 @@ def check_design(design: dict[str, Any], where: str, overrides: list[str], task_
     if "tasks" not in test and "per_category" not in test:
         raise SealError(f"{where}: test needs 'tasks' (a list) or 'per_category' (the baseline's first N test tasks of each category).")
     for task in test.get("tasks", []):
-        _task(where, "test", task, task_set)
+        _task(where, "test", task, task_set, named)
+    if "tasks" not in test and family is not None and not tasks_on_test(test, task_set):
+        raise SealError(f"{where}: test: family {named} has no test-split task for per_category; name them in test.tasks.")
     for arm in test.setdefault("arms", []):
         if arm not in arms:
             raise SealError(f"{where}: unknown arm '{arm}' in test.arms; the arms are {', '.join(arms)}.")
@@ -141,7 +171,13 @@ def check_design(design: dict[str, Any], where: str, overrides: list[str], task_
         raise SealError(f"{where}: unknown test.engine {test['engine']!r}; choose one of: {', '.join(ENGINES)}.")
 
 
-def _task(where: str, section: str, task: Any, task_set: TaskSet) -> None:
+def _task(where: str, section: str, task: Any, task_set: Any, family: str | None = None) -> None:
+    if family is not None:  # a family's tasks: the line names the family
+        if not isinstance(task, str) or task not in task_set:
+            ids = [t.id for t in task_set]
+            known = ", ".join(ids[:8]) + (", ..." if len(ids) > 8 else "")
+            raise SealError(f"{where}: {section}: family {family} has no task {task!r} (its {len(ids)} tasks: {known}).")
+        return
     try:
         task_set.get(task)
     except SealError as exc:
@@ -157,11 +193,16 @@ def narrow_to_pilot(design: dict[str, Any]) -> dict[str, Any]:
             "rounds": 1, "held_out": [], "test": {**design["test"], "arms": []}}  # fmt: skip
 
 
-def tasks_on_test(test: dict[str, Any], task_set: TaskSet) -> list[str]:
+def tasks_on_test(test: dict[str, Any], task_set: Any) -> list[str]:
     """The study's test tasks: its ``tasks``, or the real-model baseline's, the first ``per_category``
-    of each category (docs/real-models.md)."""
+    of each category (docs/real-models.md); a family's: the first ``per_category`` of each category of
+    its test split, the categories in the order they first come."""
     if "tasks" in test:
         return list(test["tasks"])
+    if not isinstance(task_set, TaskSet):  # a family's TaskSource
+        pool = task_set.select("test")
+        return [t.id for category in dict.fromkeys(t.category for t in pool)
+                for t in [t for t in pool if t.category == category][: test["per_category"]]]  # fmt: skip
     return [t.id for category in CATEGORIES for t in task_set.select("test", [category])[: test["per_category"]]]
 
 
@@ -172,12 +213,14 @@ def arm_overrides(arm_recipe: str) -> list[str]:
 
 
 def run_overrides(design: dict[str, Any], recipe_name: str, extra: list[str]) -> list[str]:
-    """What every arm's run sets: the held-out tasks, measured under bfcl each round, and the rounds."""
+    """What every arm's run sets: the held-out tasks, measured each round under bfcl (a family: seal,
+    its only protocol), and the rounds."""
     from seal_rl.train import load_recipe
 
     recipe = load_recipe(recipe_name, extra)
     updates = recipe.grpo.tasks_per_step // recipe.grpo.tasks_per_update  # optimizer steps a round (batch_layout)
-    measured = ["eval.every_rounds=1", "eval.protocol=bfcl", "eval.tasks=" + json.dumps(design["held_out"])]
+    protocol = "bfcl" if recipe.family == "bfcl" else "seal"
+    measured = ["eval.every_rounds=1", f"eval.protocol={protocol}", "eval.tasks=" + json.dumps(design["held_out"])]
     if not design["held_out"]:  # the pilot: no validation at all (an empty list would pick default held-out tasks)
         measured = ["eval.every_rounds=0", "eval.at_start=false"]
     return [*extra, "warm_start.data=[]", *measured, f"grpo.max_steps={design['rounds'] * updates}"]

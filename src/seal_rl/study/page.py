@@ -5,6 +5,10 @@ self-contained HTML page of both.
 into four tables — the curves by round (mean of seeds), the outcomes pooled over seeds with the
 comparisons with the baseline, where the sampled episodes' passed turns are, and each run by round;
 the committed records of a study give the same bytes back (``tests/study-tradingbot/``).
+
+A study of an environment family (``results["family"]``, docs/environments.md) says what scored it
+(τ²'s reward, the family's verifier) where a BFCL study says "bfcl protocol", and leaves out the
+per-turn columns: a family's episode is one conversation with one check.
 """
 
 from __future__ import annotations
@@ -35,14 +39,31 @@ def _vs(entry: dict, key: str) -> str:
     return "—" if vs is None else f"{vs['difference']:+.2f} ({vs['ci95'][0]:+.2f} to {vs['ci95'][1]:+.2f}), p={vs['p_mcnemar']:.2f}"
 
 
+def scored_by(family: str | None, short: bool = False) -> str:
+    """What scored a study's episodes: BFCL's protocol, τ²'s reward, or a family's verifier (``short``: a
+    plot's label)."""
+    if family is None:
+        return "bfcl" if short else "bfcl protocol"
+    if family.startswith("tau2-"):
+        return "τ² reward" if short else "seal protocol, scored by the τ² reward (τ²'s evaluate_simulation)"
+    return "the family's verifier" if short else f"seal protocol, scored by the family's verifier ({family})"
+
+
+PER_TURN = ("rollout turns passed", "turn anchors varied", "held-out turn pass", "test turn pass")
+"""columns of a BFCL study that a family's one-check conversations leave out"""
+
+
 def render(results: dict, console: Console) -> str:
     """Three tables, printed and returned as Markdown: the curves per round, the outcomes, and where
-    the sampled episodes' passed turns are."""
+    the sampled episodes' passed turns are (a family's study: its conversations passed)."""
     warm = results["warm_start"]
     held = warm.get("held_out", {})
+    family = results.get("family")
+    tasks = (f"held-out: {len(results['held_out'])} training-split tasks never trained on; test: {len(results['tests'])} "
+             "test-split tasks") if family is None else (f"family {family}; held-out: {len(results['held_out'])} tasks never "
+                                                         f"trained on; test: {len(results['tests'])} tasks")  # fmt: skip
     title = (("Interim (each run at the round it has reached; the outcomes compare those rounds): " if results.get("interim") else "")
-             + f"{results['recipe']}, {results['rounds']} rounds; held-out: {len(results['held_out'])} training-split tasks "
-             f"never trained on; test: {len(results['tests'])} test-split tasks; greedy, bfcl protocol; compared with "
+             + f"{results['recipe']}, {results['rounds']} rounds; {tasks}; greedy, {scored_by(family)}; compared with "
              f"{results.get('baseline', BASELINE)}. Warm start: "
              f"held-out success {held.get('success', 0):.2f}, accepted-call share {held.get('call_share', 0):.2f}"
              + (f"; test success {warm['test']['success'][0]:.2f}, call share {warm['test']['call_share']:.2f}" if "test" in warm else ""))  # fmt: skip
@@ -68,9 +89,16 @@ def render(results: dict, console: Console) -> str:
              "later turns passed": lambda a, e: _turns(e["seeds"], "later_passed", "later_reached"),
              "later turns right where the model stood (turn-local)": lambda a, e: _turns(e["seeds"], "later_local", "later_reached"),
              "most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"], "tools")}  # fmt: skip
+    turns_caption, run_columns = "Turns of the sampled episodes, by round (summed over seeds)", list(RUN_COLUMNS)
+    if family is not None:  # one conversation, one check: no per-turn column
+        curves, outcomes = ({k: v for k, v in table.items() if k not in PER_TURN} for table in (curves, outcomes))
+        turns = {"arm": lambda a, e: a,
+                 f"conversations passed ({scored_by(family, short=True)})": lambda a, e: _turns(e["seeds"], "first_passed", "first_reached"),
+                 "most-called tool: share of accepted calls": lambda a, e: _top_tool(e["seeds"], "tools")}  # fmt: skip
+        turns_caption, run_columns = "Conversations of the sampled episodes, by round (summed over seeds)", list(FAMILY_RUN_COLUMNS)
     markdown = [title, ""]
     for caption, columns in (("By round (mean of seeds)", curves), ("Outcomes (pooled over seeds)", outcomes),
-                             ("Turns of the sampled episodes, by round (summed over seeds)", turns)):  # fmt: skip
+                             (turns_caption, turns)):  # fmt: skip
         table = Table(*columns, title=caption)
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for arm, entry in results["arms"].items():
@@ -79,7 +107,7 @@ def render(results: dict, console: Console) -> str:
             lines.append("| " + " | ".join(row) + " |")
         console.print(table)
         markdown += [f"**{caption}**", "", *lines, ""]
-    caption, columns = "Each run, by round", list(RUN_COLUMNS)
+    caption, columns = "Each run, by round", run_columns
     table = Table(*columns, title=caption)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in run_rows(results):
@@ -94,6 +122,8 @@ def render(results: dict, console: Console) -> str:
 RUN_COLUMNS = ("arm", "seed", "round", "rollout turns passed", "groups with a spread", "first scorable turn passed",
                "later turns passed (turn-locally)", "accepted calls", "held-out success", "held-out turn pass",
                "held-out most-called tool")  # fmt: skip
+FAMILY_RUN_COLUMNS = ("arm", "seed", "round", "rollout success", "groups with a spread", "conversations passed",
+                      "accepted calls", "held-out success", "held-out most-called tool")  # fmt: skip
 
 
 def run_rows(results: dict) -> list[list[str]]:
@@ -109,13 +139,16 @@ def run_rows(results: dict) -> list[list[str]]:
                 k = validated.get(r)
                 held = s["held_out_tasks"][k] if k is not None else None
                 top = Counter(s["held_out_tools"][k]) if k is not None and k < len(s["held_out_tools"]) else Counter()
-                rows.append([arm, str(s["seed"]), str(r), f"{s['rollout_progress'][r - 1]:.1%}", f"{s['nonzero_advantage_groups'][r - 1]:.2f}",
-                             f"{turns['first_passed']}/{turns['first_reached']}" if turns else "—",
-                             f"{turns['later_passed']}/{turns['later_reached']} ({turns['later_local']})" if turns else "—",
-                             str(tools.total()) if tools is not None else "—",
-                             f"{sum(v == 1.0 for v in held.values())}/{len(held)}" if held is not None else "—",
-                             f"{s['held_out_turn_pass'][k]:.2f}" if k is not None else "—",
-                             (lambda n, c: f"{n} {c / top.total():.2f}")(*top.most_common(1)[0]) if top else "—"])  # fmt: skip
+                row = [arm, str(s["seed"]), str(r), f"{s['rollout_progress'][r - 1]:.1%}", f"{s['nonzero_advantage_groups'][r - 1]:.2f}",
+                       f"{turns['first_passed']}/{turns['first_reached']}" if turns else "—",
+                       f"{turns['later_passed']}/{turns['later_reached']} ({turns['later_local']})" if turns else "—",
+                       str(tools.total()) if tools is not None else "—",
+                       f"{sum(v == 1.0 for v in held.values())}/{len(held)}" if held is not None else "—",
+                       f"{s['held_out_turn_pass'][k]:.2f}" if k is not None else "—",
+                       (lambda n, c: f"{n} {c / top.total():.2f}")(*top.most_common(1)[0]) if top else "—"]  # fmt: skip
+                if results.get("family") is not None:  # FAMILY_RUN_COLUMNS: rollout success, no later turns nor turn pass
+                    row = [*row[:3], f"{s['rollout_success'][r - 1]:.2f}", row[4], row[5], *row[7:9], row[10]]
+                rows.append(row)
     return rows
 
 
@@ -152,9 +185,13 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    panels, family = PANELS, results.get("family")
+    if family is not None:  # one check per conversation: no turn panels; success as the family scores it
+        panels = [("held_out_success", f"held-out success (greedy, {scored_by(family, short=True)})", True),
+                  *(panel for panel in PANELS[2:] if panel[0] != "rollout_progress")]  # fmt: skip
+    fig, axes = plt.subplots(2, len(panels) // 2, figsize=(5 * (len(panels) // 2), 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for (key, label, from_zero), ax in zip(PANELS, axes.flat):
+    for (key, label, from_zero), ax in zip(panels, axes.flat):
         for k, (arm, entry) in enumerate(results["arms"].items()):
             seeds, colour = entry["seeds"], colours[k % len(colours)]
             start = 0 if from_zero else 1
@@ -166,7 +203,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set(xlabel="round (0 = warm start)" if from_zero else "round", ylabel=label, ylim=(-0.03, 1.03))
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"{results['recipe']}: mean of seeds (thick), each seed (thin)", fontsize=10)
+    fig.suptitle(f"{results['recipe']}{f' ({family})' if family else ''}: mean of seeds (thick), each seed (thin)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

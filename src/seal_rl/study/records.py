@@ -6,6 +6,10 @@ for the tested arms, a ``seal eval`` directory. :func:`seed_entry` reads what th
 (the sha256 of its weights, :func:`weights_sha256`), a few kB written atomically by
 :func:`write_record` — committed, so that a study spread over machines that keep nothing but the
 repository's commits goes on from its records.
+
+A run of an environment family (docs/environments.md) reads the same: its episodes are one
+conversation scored once by the family's verifier, so each counts as one turn (the first), with no
+later turns and no turn-local check; ``task_set`` is then the family's task source.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from seal_rl import jsonl
 from seal_rl.env import accepted_calls
 from seal_rl.errors import SealError
+from seal_rl.environments.family import TaskSource
 from seal_rl.evaluate import episode_counts
 from seal_rl.tasks import TaskSet
 from seal_rl.verify import turn_local_passes
@@ -91,7 +96,7 @@ def nonzero_advantages(episodes: list[dict]) -> int:
 TURN_COUNTS = ("first_reached", "first_passed", "later_reached", "later_passed", "later_local")
 
 
-def turn_breakdown(episodes: list[dict], task_set: TaskSet) -> list[dict[str, int]]:
+def turn_breakdown(episodes: list[dict], task_set: TaskSet | TaskSource) -> list[dict[str, int]]:
     """Per round, where the sampled episodes' passed turns are: each episode's first scorable turn
     (the first with a ground truth) and its later scorable turns, counted when reached; of the later
     ones, how many pass the official check and how many pass turn-locally
@@ -103,7 +108,7 @@ def turn_breakdown(episodes: list[dict], task_set: TaskSet) -> list[dict[str, in
         if not checks:
             continue
         task = task_set.get(record["task_id"])
-        local = turn_local_passes(task, accepted_calls(record["trace"], task.num_turns)) if len(checks) > 1 else ()
+        local = turn_local_passes(task, accepted_calls(record["trace"], _num_turns(task))) if len(checks) > 1 else ()
         for k, check in enumerate(checks):
             if check["reached"]:
                 where = "first" if k == 0 else "later"
@@ -114,7 +119,7 @@ def turn_breakdown(episodes: list[dict], task_set: TaskSet) -> list[dict[str, in
     return [rounds[r] for r in sorted(rounds)]
 
 
-def tool_calls(episodes: list[dict], task_set: TaskSet) -> list[dict[str, int]]:
+def tool_calls(episodes: list[dict], task_set: TaskSet | TaskSource) -> list[dict[str, int]]:
     """Per round, how often the sampled episodes called each tool (accepted calls only): a policy that
     collapses onto the one tool its reward favours shows here."""
     rounds: dict[int, list[dict]] = {}
@@ -123,20 +128,25 @@ def tool_calls(episodes: list[dict], task_set: TaskSet) -> list[dict[str, int]]:
     return [_calls_by_tool(rounds[r], task_set) for r in sorted(rounds)]
 
 
-def held_out_tool_calls(run: Path, rounds: list[int], task_set: TaskSet) -> list[dict[str, int]]:
+def held_out_tool_calls(run: Path, rounds: list[int], task_set: TaskSet | TaskSource) -> list[dict[str, int]]:
     """The same count for the greedy held-out episodes of each validated round (none where the round's
     records are not there: the metrics line is written first)."""
     paths = [run / "validation" / f"round_{r}.jsonl" for r in rounds]
     return [_calls_by_tool(jsonl.read(path).values if path.exists() else [], task_set) for path in paths]
 
 
-def _calls_by_tool(records: list, task_set: TaskSet) -> dict[str, int]:
+def _calls_by_tool(records: list, task_set: TaskSet | TaskSource) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for record in records:
         if isinstance(record, dict):  # a torn last line of a validation file is left out
-            turns = accepted_calls(record["trace"], task_set.get(record["task_id"]).num_turns)
+            turns = accepted_calls(record["trace"], _num_turns(task_set.get(record["task_id"])))
             counts.update(call.name for turn in turns for step in turn for call in step)
     return dict(counts)
+
+
+def _num_turns(task: object) -> int:
+    """A BFCL task's user turns; a family's task is one conversation: one turn."""
+    return getattr(task, "num_turns", 1)
 
 
 
@@ -163,7 +173,7 @@ def git_commit() -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def seed_entry(run: Path, seed: int, task_set: TaskSet) -> dict:
+def seed_entry(run: Path, seed: int, task_set: TaskSet | TaskSource) -> dict:
     """One run's row material: its curves (:func:`run_curves`) and the per-round counts of its episodes."""
     curves, episodes = run_curves(run), sampled_episodes(run)
     return {"seed": seed, **curves, "nonzero_advantage_rollouts": nonzero_advantages(episodes),
@@ -171,7 +181,7 @@ def seed_entry(run: Path, seed: int, task_set: TaskSet) -> dict:
             "held_out_tools": held_out_tool_calls(run, curves["held_out_rounds"], task_set)}  # fmt: skip
 
 
-def run_record(run: Path, arm: str, seed: int, rounds: int, start: dict, task_set: TaskSet, test: list[dict] | None,
+def run_record(run: Path, arm: str, seed: int, rounds: int, start: dict, task_set: TaskSet | TaskSource, test: list[dict] | None,
                costs: dict) -> dict:  # fmt: skip
     """Everything the study's tables take from one finished run (:func:`summarize_study`): its seed entry
     (curves, per-round turn and tool counts), its test episodes' outcomes, what it cost, and the warm

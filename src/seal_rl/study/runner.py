@@ -33,13 +33,12 @@ from rich.console import Console
 from rich.table import Table
 
 from seal_rl.errors import SealError
-from seal_rl.study.design import arm_run_overrides, run_overrides, tasks_on_test
+from seal_rl.study.design import arm_run_overrides, run_overrides, study_tasks, tasks_on_test
 from seal_rl.study.page import write_page
 from seal_rl.study.records import (
     episodes_on_test, git_commit, read_record, run_dir, run_record, trained, weights_sha256, write_record,
 )  # fmt: skip
 from seal_rl.study.summary import summarize_study
-from seal_rl.tasks import TaskSet
 
 PILOT_SIGNAL = 0.5
 """the pilot's bar: the share of an arm's groups whose rewards differ (non-zero GRPO advantages)"""
@@ -119,11 +118,18 @@ def train_run(run: Path, recipe_name: str, overrides: list[str], threads: int | 
 def test_run(model: Path, out: Path, tasks: list[str], recipe_name: str, extra: list[str], max_new_tokens: int,
              engine: str = "hf") -> list[dict]:  # fmt: skip
     """``seal eval`` of ``model`` on the test ``tasks`` (greedy, ``bfcl`` protocol, the recipe's prompt
-    mode and call format) into ``out``; its episodes' outcomes."""
+    mode and call format) into ``out``; its episodes' outcomes. A recipe that names a family: ``seal eval
+    --family`` with its ``family_settings`` and message cap (the family's episodes, scored by its verifier)."""
     from seal_rl.train import load_recipe
 
-    env = load_recipe(recipe_name, extra).env
-    seal("eval", "--policy", f"{engine}:{model.resolve()}", "--split", "test", "--tasks", ",".join(tasks), "--protocol", "bfcl",
+    recipe = load_recipe(recipe_name, extra)
+    env = recipe.env
+    played = ("--protocol", "bfcl")
+    if recipe.family != "bfcl":  # JSON values are YAML values: --family-set reads them back as they were
+        played = ("--family", recipe.family, *(a for key, value in recipe.family_settings.items()
+                                               for a in ("--family-set", f"{key}={json.dumps(value)}")),
+                  "--max-model-calls", str(env["max_model_calls"]))  # fmt: skip
+    seal("eval", "--policy", f"{engine}:{model.resolve()}", "--split", "test", "--tasks", ",".join(tasks), *played,
          "--prompt-mode", env["prompt_mode"], "--format", env["call_format"], "--max-new-tokens", str(max_new_tokens),
          "--out", str(out), python=engine_python(engine))  # fmt: skip
     return episodes_on_test(out)
@@ -150,7 +156,8 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
     from seal_rl.train import load_recipe, read_metrics, sft
 
     out, records, recipe_name = run.out.resolve(), run.records.resolve() if run.records else None, run.recipe
-    task_set = TaskSet.load()
+    base = load_recipe(recipe_name, run.overrides)
+    family, task_set = study_tasks(base)  # BFCL's tasks, or the family's (loaded once: load_study loaded it)
     overrides = run_overrides(design, recipe_name, run.overrides)
     tests = tasks_on_test(design["test"], task_set)
     skip_test = run.skip_test or run.report
@@ -180,6 +187,9 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
         if record and seed is not None and record["rounds"] != design["rounds"]:
             raise SealError(f"{path}: a run of {record['rounds']} rounds, but {run.source} asks for {design['rounds']}: "
                             "move the records of the other design away (or give --records DIR).")  # fmt: skip
+        if record and record.get("family", "bfcl") != base.family:  # a BFCL record has no family
+            raise SealError(f"{path}: a run on family {record.get('family', 'bfcl')}, but {run.source} trains on {base.family}: "
+                            "move the records of the other design away (or give --records DIR).")  # fmt: skip
         return record
 
     def keep(arm: str, seed: int | None, test: list[dict] | None) -> None:
@@ -192,6 +202,8 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
             record = {"arm": arm, "start": start, "commit": git_commit(), "test": test, "costs": spent}
         else:
             record = run_record(run_dir(out, arm, seed), arm, seed, design["rounds"], start, task_set, test, spent)
+        if family is not None:  # which family the record's tasks are of (a BFCL record stays as it was)
+            record["family"] = base.family
         write_record(record_path(arm, seed), record)
         console.print(f"{name}: recorded in {records} (commit it: the study goes on from it on another machine)")
 
@@ -213,11 +225,10 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
         return record["test"] is None and arm in design["test"]["arms"] and trained(run_dir(out, arm, seed))
 
     warm = out / "warm_start"
-    base = load_recipe(recipe_name, run.overrides)
     needed = any(pending(arm, seed) for arm, _, seed in steps) or bool(design["test"]["arms"] and pending("warm_start", None))
     if base.warm_start.data and needed and not run.report and not trained(warm):
         console.print(f"[bold]warm start[/] -> {warm}")
-        timed("warm_start", lambda: sft(load_recipe(recipe_name, run.overrides), warm))
+        timed("warm_start", lambda: sft(load_recipe(recipe_name, run.overrides), warm, family=family))
     start_model = str(warm / "model") if base.warm_start.data else base.model.path
     # every run starts from this model: its weights' hash tells a record from another start
     start = {"model": base.model.path, "warm_start": bool(base.warm_start.data),
@@ -302,6 +313,8 @@ def run_study(design: dict[str, Any], run: StudyRun, console: Console) -> dict[s
                    overrides=run.overrides, rounds=design["rounds"], held_out=design["held_out"], interim=interim,
                    records=str(records) if records else None,
                    starts=sorted({r["start"]["sha256"] for r in kept.values() if r["start"]["sha256"]}))  # fmt: skip
+    if family is not None:  # BFCL's summary keeps its keys as they were
+        results["family"] = base.family
     written = out / "interim" if interim else out
     written.mkdir(exist_ok=True)
     (written / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -327,7 +340,7 @@ def run_pilot(design: dict[str, Any], run: StudyRun, console: Console) -> int:
     warm = out / "warm_start"
     if base.warm_start.data and not trained(warm):
         console.print(f"[bold]warm start[/] -> {warm}")
-        sft(load_recipe(run.recipe, run.overrides), warm)
+        sft(load_recipe(run.recipe, run.overrides), warm, family=study_tasks(base)[0] if base.family != "bfcl" else None)
     start_model = str(warm / "model") if base.warm_start.data else base.model.path
     shared = run_overrides(design, run.recipe, run.overrides)
     reports = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from seal_rl.environments.family import TaskSource
 from seal_rl.evaluate import turn_measures
 from seal_rl.stats import compare_runs, wilson
 from seal_rl.study.records import run_dir, seed_entry
@@ -36,13 +37,13 @@ def versus(baseline: list[dict], records: list[dict]) -> dict:
             "discordant": [c.overall.only_a, c.overall.only_b], "pairs": c.overall.pairs}  # fmt: skip
 
 
-def held_out_records(curves: dict, seed: int, task_set: TaskSet) -> list[dict]:
+def held_out_records(curves: dict, seed: int, task_set: TaskSet | TaskSource) -> list[dict]:
     """The final held-out validation as episode records, for the paired comparison."""
     final = curves["held_out_tasks"][-1] if curves["held_out_tasks"] else {}
     return [{"task_id": t, "category": task_set.get(t).category, "reward": r, "sample": seed} for t, r in final.items()]
 
 
-def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet, test_results: dict, kept: dict) -> dict:
+def summarize_study(study: dict, steps: list, out: Path, task_set: TaskSet | TaskSource, test_results: dict, kept: dict) -> dict:
     """Per arm, its seeds' entries (from their records in ``kept``, else from their run directories),
     pooled outcomes and comparisons with the baseline."""
     arms: dict[str, dict] = {}

@@ -119,8 +119,9 @@ def _prepare_model(recipe: SealRecipe, out: Path, task_set: Any) -> str:
     return str(path)
 
 
-def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str, Any]:
-    """``seal sft``: the recipe's warm start alone (or with ``sources`` instead of ``warm_start.data``).
+def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = (), family: Any = None) -> dict[str, Any]:
+    """``seal sft``: the recipe's warm start alone (or with ``sources`` instead of ``warm_start.data``);
+    ``family``: the recipe's family when the caller has loaded it already (``seal study``).
 
     The model goes to ``out/model``; ``seal train --set model.path=OUT/model`` and
     ``seal eval --policy hf:OUT/model`` take it.
@@ -136,7 +137,8 @@ def sft(recipe: SealRecipe, out: Path, sources: Sequence[Any] = ()) -> dict[str,
         recipe.warm_start.data = list(sources)
     from seal_rl.environments import load_family
 
-    family = load_family(recipe.family, **recipe.family_settings)
+    if family is None:
+        family = load_family(recipe.family, **recipe.family_settings)
     task_set = family.task_set()
     tasks, _ = select_tasks(recipe, task_set, family)
     out = Path(out)
