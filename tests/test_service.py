@@ -429,3 +429,37 @@ def test_no_request_the_schema_allows_gets_a_server_error_or_breaks_the_schema(s
             case.call_and_validate()
 
         check()
+
+
+def test_the_service_serves_any_environment_family(task_set):
+    """``seal serve --family``: the example family's episodes over HTTP, each equal to the in-process episode;
+    its own categories in /tasks (one the family lacks answers 422 naming them)."""
+    from seal_rl.environments import load_family, oracle_messages
+
+    from .generators import INVENTORY
+
+    family = load_family(INVENTORY)
+    with Server(None, workers=1, family=INVENTORY) as running, Client(running.url, backoff=0.01) as c:
+        assert c.health()["family"] == INVENTORY
+        listed = c.tasks("all")
+        assert {t["id"] for t in listed} == {t.id for t in family.tasks()}
+        assert {t["category"] for t in listed} == {t.category for t in family.tasks()} and {t["num_turns"] for t in listed} == {1}
+        wrong = httpx.get(running.url + "/tasks", params={"category": "base"})
+        assert wrong.status_code == 422 and all(c in json.dumps(wrong.json()["detail"]) for c in {t.category for t in family.tasks()})
+        hostile = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+        for task, wrong in zip(family.tasks()[:2], (False, True)):
+            messages = ([hostile] if wrong else []) + list(oracle_messages(family, task, "hermes"))
+            episode = c.create(task.id)
+            local = family.make_env()
+            assert as_json(local.reset(task)[0]) == episode["observation"]
+            for i, message in enumerate(messages):
+                reply = c.step(episode["episode_id"], message, step=i)
+                assert as_json(local.step(message)[0]) == reply["observation"]
+                if reply["done"]:
+                    break
+            evaluation = c.evaluate(episode["episode_id"], include_record=True)
+            if not local.done:
+                local.truncate("client_stop")
+            assert evaluation["record"]["verdict"] == as_json(local.record()["verdict"]) and evaluation["labels"]
+            assert evaluation["reward"] == local.record()["reward"] == 1.0  # the oracle solves it, after the refused call
+            assert ("no tool named 'rm_rf'" in json.dumps(evaluation["record"]["messages"])) is wrong

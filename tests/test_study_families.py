@@ -126,7 +126,7 @@ def test_a_tau2_study_loads_tau2_once_and_tests_through_its_family(monkeypatch, 
     loads = []
     real = environments.load_family
     monkeypatch.setattr(environments, "load_family", lambda *a, **k: loads.append(a) or real(*a, **k))
-    monkeypatch.setattr(study_design, "_FAMILIES", {})
+    study_design._loaded_family.cache_clear()
     recipe = str(ROOT / "configs" / "tau2-mock-cpu.yaml")
     held = ["update_task_1"]
     tests = {"tasks": ["update_task_with_initialization_actions"], "max_new_tokens": 32, "arms": ["vanilla-grpo"]}
@@ -145,3 +145,4 @@ def test_a_tau2_study_loads_tau2_once_and_tests_through_its_family(monkeypatch, 
     command = commands[0]
     assert command[command.index("--family") + 1] == "tau2-mock" and command[command.index("--family-set") + 1] == "solo=true"
     assert command[command.index("--max-model-calls") + 1] == "2" and "--protocol" not in command
+    study_design._loaded_family.cache_clear()  # the next test's load_family is the real one

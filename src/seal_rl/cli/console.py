@@ -27,6 +27,20 @@ CategoryOption = Annotated[
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts) instead of tables.")]
+FamilySetOption = Annotated[list[str] | None, typer.Option("--family-set", help="A setting of --family, KEY=VALUE (YAML values; repeatable), e.g. solo=true or user=openai:MODEL@URL.")]
+
+
+def family_settings(given: list[str] | None) -> dict[str, Any]:
+    """``--family-set KEY=VALUE`` options as a family's settings (YAML values); one line for a malformed one."""
+    import yaml
+
+    settings = {}
+    for item in given or []:
+        key, eq, value = item.partition("=")
+        if not key or not eq:
+            raise SealError(f"--family-set takes KEY=VALUE, got {item!r}.")
+        settings[key] = yaml.safe_load(value)
+    return settings
 
 
 @contextmanager

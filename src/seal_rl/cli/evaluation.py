@@ -12,7 +12,7 @@ from rich.table import Column, Table
 
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.cli.ood import memory_eval, tau2_eval
-from seal_rl.cli.console import JsonOption, _print_json, err, load_tokenizer, out, run_progress
+from seal_rl.cli.console import FamilySetOption, JsonOption, family_settings, _print_json, err, load_tokenizer, out, run_progress
 from seal_rl.diagnose import EXCLUDED_LABELS, LABELS
 from seal_rl.env import EnvConfig
 from seal_rl.errors import SealError, SealWarning
@@ -31,7 +31,7 @@ def eval_command(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
     benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, BFCL V4 memory (bfcl-eval's memory backends and checker), or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
     family: Annotated[str, typer.Option(help="An environment family played through training's own episodes (seal protocol): tau2-DOMAIN or path/to/file.py:Class (docs/environments.md); bfcl (default): --benchmark decides.")] = "bfcl",
-    family_set: Annotated[list[str] | None, typer.Option("--family-set", help="A setting of --family, KEY=VALUE (YAML values; repeatable), e.g. solo=true or user=openai:MODEL@URL.")] = None,
+    family_set: FamilySetOption = None,
     user: Annotated[str | None, typer.Option("--user", help="τ²: the user simulator, as --policy (hf:, vllm:, openai:; oracle with the oracle agent), τ²'s own prompt and guidelines.")] = None,
     trials: Annotated[int, typer.Option(help="τ²: conversations per task (pass^k for k = 1..trials).")] = 1,
     max_steps: Annotated[int | None, typer.Option(help="τ²: orchestrator steps before a conversation ends (default: τ²'s 200).")] = None,
@@ -406,14 +406,9 @@ def family_eval(spec: str, settings_given: list[str], chosen: Any, *, out_dir: P
                 settings: ModelSettings, overwrite: bool) -> None:  # fmt: skip
     """``seal eval --family``: the family's tasks played through the episodes training plays (the seal
     protocol, the base interface), resumable, with the same summary as BFCL's."""
-    import yaml
-
     from seal_rl.environments import load_family
 
-    pairs = [item.partition("=") for item in settings_given]
-    if any(not key or not eq for key, eq, _ in pairs):
-        raise SealError(f"--family-set takes KEY=VALUE, got {next(i for i, (k, e, _) in zip(settings_given, pairs) if not k or not e)!r}.")
-    family = load_family(spec, **{key: yaml.safe_load(value) for key, _, value in pairs})
+    family = load_family(spec, **family_settings(settings_given))
     try:
         _family_eval(family, chosen, out_dir=out_dir, split=split, category=category, tasks=tasks, call_format=call_format,
                      prompt_mode=prompt_mode, protocol=protocol, max_model_calls=max_model_calls, samples=samples,

@@ -7,10 +7,12 @@ from typing import Annotated
 
 import typer
 
-from seal_rl.cli.console import err
+from seal_rl.cli.console import FamilySetOption, err, family_settings
 from seal_rl.errors import SealError
 
 def serve_command(
+    family: Annotated[str | None, typer.Option(help="The environment family to serve: bfcl (default), tau2-DOMAIN, pkg.module:Class or path/to/file.py:Class (docs/environments.md).")] = None,
+    family_set: FamilySetOption = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1; anything else needs --token).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8082).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes holding episodes (default: CPU count).")] = None,
@@ -31,7 +33,7 @@ def serve_command(
     from seal_rl.service.server import ensure_descriptors, serve
     from seal_rl.service.settings import ServiceSettings
 
-    given = {"host": host, "port": port, "workers": workers, "token": token, "max_episodes": max_episodes,
+    given = {"family": family, "family_settings": family_settings(family_set) if family_set else None, "host": host, "port": port, "workers": workers, "token": token, "max_episodes": max_episodes,
              "idle_timeout": idle_timeout, "step_timeout": step_timeout, "max_request_bytes": max_request_bytes}  # fmt: skip
     try:
         settings = ServiceSettings(**{k: v for k, v in given.items() if v is not None})
@@ -43,8 +45,8 @@ def serve_command(
     except OSError as exc:
         raise SealError(f"Cannot listen on {settings.host}:{settings.port} ({exc.strerror}); choose another --port.") from None
     ensure_descriptors(settings)
-    err.print(f"seal serve: {settings.workers} workers on http://{settings.host}:{settings.port} (API docs at /docs)")
-    serve(settings)
+    serve(settings, announce=lambda: err.print(f"seal serve: {settings.family} episodes, {settings.workers} workers on "
+                                               f"http://{settings.host}:{settings.port} (API docs at /docs)"))  # fmt: skip
 
 
 def serve_openenv_command(

@@ -13,7 +13,7 @@ import json
 import math
 import secrets
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.encoders import jsonable_encoder
@@ -27,7 +27,7 @@ from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
 from seal_rl.interface import InterfaceState
 from seal_rl.service.schemas import (
-    EPISODE_CAPS, EPISODE_ID, Category, EpisodeCreate, EpisodePublic, Evaluation, EvaluateRequest, Health, Problem, Released, Split,
+    EPISODE_CAPS, EPISODE_ID, EpisodeCreate, EpisodePublic, Evaluation, EvaluateRequest, Health, Problem, Released, Split,
     StepRequest, StepResponse, TaskList, TaskPublic,
 )  # fmt: skip
 from seal_rl.service.settings import ServiceSettings
@@ -145,12 +145,18 @@ class BodyLimit:
 
 
 def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None = None) -> FastAPI:
-    """The service app; worker processes start with the app's lifespan and stop with it."""
+    """The service app for ``settings.family`` (BFCL by default); worker processes start with the app's
+    lifespan and stop with it. ``tasks``: BFCL's task set, already loaded (tests)."""
     settings = settings if settings is not None else ServiceSettings()
-    tasks = tasks if tasks is not None else TaskSet.load()
+    if tasks is None:
+        from seal_rl.environments import load_family
+
+        tasks = load_family(settings.family, **settings.family_settings).task_set()  # a bad family: one line, nothing started
+    categories = sorted({t.category for t in tasks})
     pool = EpisodePool(settings.workers, max_episodes=settings.max_episodes, step_timeout=settings.step_timeout,
                        kill_grace=settings.kill_grace, respawn_backoff=settings.respawn_backoff,
-                       respawn_backoff_max=settings.respawn_backoff_max)  # fmt: skip
+                       respawn_backoff_max=settings.respawn_backoff_max, family=settings.family,
+                       family_settings=settings.family_settings)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -169,7 +175,8 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
 
     app = FastAPI(
         title="seal-rl environment service", version=__version__, lifespan=lifespan,
-        description="Executable BFCL multi-turn episodes with the strict verifier, SEAL's diagnosis and interface.",
+        description=f"Executable episodes of the {settings.family} environment family (BFCL multi-turn by default) with "
+                    "its verifier, SEAL's diagnosis and interface.",
         generate_unique_id_function=lambda route: route.name, default_response_class=EscapingJSONResponse,
     )  # fmt: skip
     app.state.pool, app.state.settings = pool, settings
@@ -195,7 +202,7 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
         while workers are missing: the pool keeps restarting them (``respawn_backoff``)."""
         alive = pool.workers_alive
         state = "ok" if alive == settings.workers else "unavailable" if alive == 0 else "degraded"
-        body = Health(status=state, version=__version__, bfcl_eval=BFCL_VERSION, workers=settings.workers,
+        body = Health(status=state, version=__version__, family=settings.family, bfcl_eval=BFCL_VERSION, workers=settings.workers,
                       workers_alive=alive, worker_restarts=pool.worker_restarts,
                       worker_start_failures=pool.worker_start_failures, live_episodes=pool.live_episodes,
                       max_episodes=settings.max_episodes)  # fmt: skip
@@ -206,11 +213,16 @@ def create_app(settings: ServiceSettings | None = None, *, tasks: TaskSet | None
     guarded = {"dependencies": [Depends(authorize)], "responses": _problems(401)} if settings.token else {}
     router = APIRouter(**guarded)
 
-    @router.get("/tasks", response_model=TaskList, tags=["tasks"])
-    def list_tasks(split: Split = "test", category: Annotated[list[Category] | None, Query()] = None) -> TaskList:
-        """Tasks of the paper's 400/400 split (``all``: both), optionally of some categories."""
+    def list_tasks(split: Split = "test", category: list[str] | None = None) -> TaskList:
+        """Tasks of the family's split (BFCL: the paper's 400/400; ``all``: both), optionally of some categories."""
         chosen = [t for t in tasks if (split == "all" or tasks.split_of(t.id) == split) and (not category or t.category in category)]
-        return TaskList(tasks=[TaskPublic(id=t.id, category=t.category, split=tasks.split_of(t.id), num_turns=t.num_turns) for t in chosen])
+        return TaskList(tasks=[TaskPublic(id=t.id, category=t.category, split=tasks.split_of(t.id),
+                                           num_turns=getattr(t, "num_turns", 1)) for t in chosen])
+
+    # the served family's categories are known only now: they are the parameter's type (an enum in the schema;
+    # FastAPI answers 422 naming them, as it did for BFCL's four)
+    list_tasks.__annotations__["category"] = Annotated[list[Literal[tuple(categories)]] | None, Query()]  # type: ignore[valid-type]
+    router.get("/tasks", response_model=TaskList, tags=["tasks"])(list_tasks)
 
     episodes = APIRouter(prefix="/episodes", tags=["episodes"], **guarded)
 

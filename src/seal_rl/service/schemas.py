@@ -32,6 +32,7 @@ class Health(BaseModel):
 
     status: Literal["ok", "degraded", "unavailable"]
     version: str
+    family: str = Field("bfcl", description="the environment family whose episodes are served (docs/environments.md)")
     bfcl_eval: str
     workers: int
     workers_alive: int
@@ -43,7 +44,7 @@ class Health(BaseModel):
 
 class TaskPublic(BaseModel):
     id: str
-    category: Category
+    category: str = Field(description="BFCL's base, miss_func, miss_param or long_context; another family's own categories")
     split: Literal["train", "test"]
     num_turns: int
 
@@ -75,7 +76,7 @@ EPISODE_CAPS = ("max_model_calls", "max_steps_per_turn", "max_message_chars", "m
 
 
 class EpisodeCreate(BaseModel):
-    """Open an episode of a BFCL multi-turn task."""
+    """Open an episode of a task of the served family (BFCL multi-turn by default)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -135,7 +136,8 @@ class StepRequest(BaseModel):
 class StepInfo(BaseModel):
     turn: int
     step: int
-    event: Literal["tool_results", "rejected", "next_turn", "end"]
+    event: Literal["tool_results", "rejected", "next_turn", "user_reply", "end"] = Field(
+        description="user_reply: a family's user answered the agent's text (docs/environments.md)")
     tools: list[dict[str, Any]] | None = Field(None, description="present when the available tools changed")
     end_reason: str | None = None
 

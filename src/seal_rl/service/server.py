@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import resource
+from collections.abc import Callable
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -117,9 +118,12 @@ def ensure_descriptors(settings: ServiceSettings) -> int:
     return soft
 
 
-def serve(settings: ServiceSettings) -> None:
-    """Run the service until interrupted (``seal serve``)."""
+def serve(settings: ServiceSettings, announce: Callable[[], None] | None = None) -> None:
+    """Run the service until interrupted (``seal serve``); ``announce`` once its family has loaded."""
     from seal_rl.service.app import create_app
 
     ensure_descriptors(settings)
-    uvicorn.Server(uvicorn_config(create_app(settings), settings)).run()
+    app = create_app(settings)
+    if announce is not None:
+        announce()
+    uvicorn.Server(uvicorn_config(app, settings)).run()

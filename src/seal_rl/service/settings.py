@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,11 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SEAL_", extra="ignore")
 
+    family: str = "bfcl"
+    """the environment family whose episodes are served: ``bfcl``, ``tau2-DOMAIN``, ``pkg.module:Class`` or
+    ``path/file.py:Class`` (docs/environments.md)"""
+    family_settings: dict[str, Any] = Field(default_factory=dict)
+    """the family's settings (``SEAL_FAMILY_SETTINGS`` as JSON, e.g. ``{"solo": true}``)"""
     host: str = "127.0.0.1"
     """address to bind; anything but loopback needs ``token``"""
     port: int = Field(8082, ge=0, le=65535)

@@ -1,7 +1,7 @@
 """Episodes of the service live in worker processes: the :class:`EpisodePool`.
 
 BFCL backends are not thread-safe and keep process-wide state, so every episode is pinned to one
-of ``workers`` processes (``python -m seal_rl.service.workers``, single-threaded) for its whole life — not one process per
+of ``workers`` processes (each loads the served environment family: BFCL by default) (``python -m seal_rl.service.workers``, single-threaded) for its whole life — not one process per
 episode. The parent talks to each worker over a pipe from one thread per worker; the web
 server's event loop awaits the answers.
 
@@ -21,6 +21,7 @@ Failures stay local and are reported, never hidden:
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import signal
 import socket
@@ -90,11 +91,12 @@ class _Live:
 class _Episodes:
     """The episodes of one worker process and the operations on them (runs in the worker)."""
 
-    def __init__(self) -> None:
-        from seal_rl.tasks import TaskSet
+    def __init__(self, family: str = "bfcl", family_settings: Mapping[str, Any] | None = None) -> None:
+        from seal_rl.environments import load_family
         from seal_rl.tools import ToolCatalog
 
-        self.tasks = TaskSet.load()
+        self.family = load_family(family, **dict(family_settings or {}))
+        self.tasks = self.family.task_set()
         self.catalog = ToolCatalog()
         self.live: dict[str, _Live] = {}
 
@@ -105,7 +107,8 @@ class _Episodes:
         return live
 
     def create(self, episode_id: str, spec: dict[str, Any]) -> dict[str, Any]:
-        from seal_rl.env import BfclEnv, EnvConfig
+        from seal_rl.env import EnvConfig
+        from seal_rl.environments.family import affordances
         from seal_rl.interface import Interface, InterfaceState
 
         if episode_id in self.live:
@@ -117,16 +120,16 @@ class _Episodes:
             config = EnvConfig(protocol=spec["protocol"], call_format=spec["call_format"], prompt_mode=spec["prompt_mode"],
                                **{cap: spec[cap] for cap in EPISODE_CAPS})  # fmt: skip
             state = InterfaceState.from_json(spec["interface"])
-            interface = Interface(config.prompt_mode, state, call_format=config.call_format,
-                                  training=spec["mode"] == "train", catalog=self.catalog, protocol=config.protocol)  # fmt: skip
+            interface = Interface(config.prompt_mode, state, call_format=config.call_format, training=spec["mode"] == "train",
+                                  catalog=self.catalog, protocol=config.protocol, **affordances(self.family))  # fmt: skip
             task = self.tasks.get(spec["task_id"])
+            env = self.family.make_env(config, interface, catalog=self.catalog)
         except (SealError, TypeError, ValueError) as exc:
             raise EpisodeError("invalid", str(exc)) from None
-        env = BfclEnv(config, interface, catalog=self.catalog)
         observation, info = env.reset(task)
         opening = {
             "episode_id": episode_id, "task_id": task.id, "observation": observation, "tools": info["tools"],
-            "turn": info["turn"], "num_turns": task.num_turns, "interface": state.to_json(),
+            "turn": info["turn"], "num_turns": getattr(task, "num_turns", 1), "interface": state.to_json(),
             "active_components": state.active_components,
         }  # fmt: skip
         self.live[episode_id] = _Live(env, spec, opening)
@@ -175,14 +178,14 @@ class _Episodes:
         return {"released": self.live.pop(episode_id, None) is not None}
 
 
-def worker_main(conn, step_timeout: float) -> None:
-    """A worker process: answer ``(op, episode_id, payload)`` messages until ``None`` or EOF.
+def worker_main(conn, step_timeout: float, family: str = "bfcl", family_settings: Mapping[str, Any] | None = None) -> None:
+    """A worker process serving ``family``'s episodes: answer ``(op, episode_id, payload)`` messages until ``None`` or EOF.
 
     Answers are ``("ok", result)``, ``(kind, message)`` for a refused request, or ``("failed",
     message)`` when the episode was lost (timeout, internal error) and has been dropped.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    episodes = _Episodes()
+    episodes = _Episodes(family, family_settings)
     handlers = {"create": episodes.create, "step": episodes.step, "evaluate": episodes.evaluate, "release": episodes.release}
     conn.send(("ok", "ready"))
     while True:
@@ -255,7 +258,9 @@ class EpisodePool:
     """Live episodes spread over worker processes; every method is called from the event loop."""
 
     def __init__(self, workers: int, *, max_episodes: int, step_timeout: float, kill_grace: float,
-                 respawn_backoff: float = 0.5, respawn_backoff_max: float = 30.0) -> None:  # fmt: skip
+                 respawn_backoff: float = 0.5, respawn_backoff_max: float = 30.0, family: str = "bfcl",
+                 family_settings: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.family = [family, json.dumps(dict(family_settings or {}))]  # the workers' arguments
         self.max_episodes, self.step_timeout, self.kill_grace = max_episodes, step_timeout, kill_grace
         self.respawn_backoff, self.respawn_backoff_max = respawn_backoff, respawn_backoff_max
         self._workers = [_Worker(slot) for slot in range(workers)]
@@ -470,7 +475,7 @@ class EpisodePool:
             return self._failed_start(worker, f"cannot make its pipe: {exc}")
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "seal_rl.service.workers", str(child.fileno()), repr(self.step_timeout)],
+                [sys.executable, "-m", "seal_rl.service.workers", str(child.fileno()), repr(self.step_timeout), *self.family],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
             )  # fmt: skip
         except OSError as exc:
@@ -544,6 +549,6 @@ def _resolve(future: asyncio.Future, answer: tuple[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m seal_rl.service.workers FD STEP_TIMEOUT (started by `seal serve`, not by hand)")
-    worker_main(Connection(int(sys.argv[1])), float(sys.argv[2]))
+    if len(sys.argv) not in (3, 5):
+        sys.exit("usage: python -m seal_rl.service.workers FD STEP_TIMEOUT [FAMILY SETTINGS_JSON] (started by `seal serve`, not by hand)")
+    worker_main(Connection(int(sys.argv[1])), float(sys.argv[2]), *([sys.argv[3], json.loads(sys.argv[4])] if len(sys.argv) == 5 else []))

@@ -15,6 +15,7 @@ and categories; its runs are validated under the ``seal`` protocol (a family's o
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -78,22 +79,21 @@ def load_study(study: str | Path, recipe: str | None = None, overrides: list[str
     return design
 
 
-_FAMILIES: dict[tuple[str, str], tuple[Any, Any]] = {}
-
-
 def study_tasks(recipe: Any, task_set: TaskSet | None = None) -> tuple[Any, Any]:
     """(the family, its tasks) of a study's recipe: (None, BFCL's :class:`TaskSet` — ``task_set`` when
     given) for BFCL, else the recipe's family (built with its ``family_settings``) and its
     :class:`~seal_rl.environments.TaskSource`, loaded once per process."""
     if recipe.family == "bfcl":
         return None, task_set or TaskSet.load()
-    key = (recipe.family, json.dumps(recipe.family_settings, sort_keys=True, default=str))
-    if key not in _FAMILIES:
-        from seal_rl.environments import load_family
+    return _loaded_family(recipe.family, json.dumps(recipe.family_settings, sort_keys=True, default=str))
 
-        family = load_family(recipe.family, **recipe.family_settings)
-        _FAMILIES[key] = family, family.task_set()
-    return _FAMILIES[key]
+
+@functools.lru_cache(maxsize=4)
+def _loaded_family(spec: str, settings: str) -> tuple[Any, Any]:
+    from seal_rl.environments import load_family
+
+    family = load_family(spec, **json.loads(settings))
+    return family, family.task_set()
 
 
 def _known(where: str, section: str, values: dict, allowed: set[str]) -> None:
