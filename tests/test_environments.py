@@ -240,3 +240,37 @@ def test_seal_eval_plays_a_family_through_the_training_episodes_resumes_and_diag
     assert code == 0 and "pass" in stdout
     code, _, err = run_cli(monkeypatch, capsys, "eval", "--family", INVENTORY, "--policy", "oracle:faults=0.5", "--out", str(tmp_path / "x"))
     assert code == 2 and "the oracle without faults" in err
+
+
+def test_a_family_warm_starts_from_its_oracle_a_replay_file_or_an_eval_run(inventory, tiny_model_dir, tmp_path):
+    """``warm_start.data`` for a family: ``oracle`` plays Family.oracle; ``replay:FILE`` and ``run:DIR`` (a
+    ``seal eval --family`` run) name the family's task ids and give the same transcripts, so the same samples.
+    The faulty oracle perturbs BFCL's ground truth: one line."""
+    from transformers import AutoTokenizer
+
+    from seal_rl.env import EnvConfig
+    from seal_rl.environments import oracle_messages
+    from seal_rl.evaluate import evaluate
+    from seal_rl.policies import Episode, ScriptedAgent
+    from seal_rl.rollout import Budgets
+    from seal_rl.sft import SFTSource, build_samples
+
+    tasks = inventory.task_set().select("train")[:3]
+    config = EnvConfig()
+    evaluate([Episode(i, t, ScriptedAgent(oracle_messages(inventory, t, "hermes"))) for i, t in enumerate(tasks, 1)], config,
+             tmp_path / "run", policy="oracle", family=inventory)  # fmt: skip
+    replay = tmp_path / "replay.jsonl"
+    replay.write_text("".join(json.dumps({"task_id": t.id, "assistant": [str(m) for m in oracle_messages(inventory, t, "hermes")]})
+                              + "\n" for t in tasks))  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def samples(source):
+        made, summary = build_samples([SFTSource(source)], tasks, inventory.task_set(), tokenizer, config, Budgets(16384, 4096, 256),
+                                      family=inventory)  # fmt: skip
+        return [s["input_ids"] for s in made], summary
+
+    oracle, summary = samples("oracle")
+    assert len(oracle) == 3, summary
+    assert samples(f"replay:{replay}")[0] == oracle and samples(f"run:{tmp_path / 'run'}")[0] == oracle
+    with pytest.raises(SealError, match="perturbs BFCL's ground truth"):
+        samples("oracle:faults=0.5")

@@ -134,12 +134,13 @@ def check_source(source: SFTSource) -> OraclePolicy | ReplayPolicy | Path:
 def source_episodes(source: SFTSource, tasks: Sequence[Task], task_set: TaskSet, call_format: str,
                     family: Any = None) -> list[Episode]:  # fmt: skip
     """The scripted episodes of one source (before filtering by reward). An environment family other
-    than BFCL (``family``) plays its own oracle (:meth:`seal_rl.environments.Family.oracle`)."""
+    than BFCL (``family``): ``oracle`` is its own (:meth:`seal_rl.environments.Family.oracle`); ``replay:``
+    and ``run:`` (a ``seal eval --family`` run) name its task ids; the faulty oracle is BFCL's."""
     checked = check_source(source)
-    if family is not None and not isinstance(family, BfclFamily):
+    if family is not None and not isinstance(family, BfclFamily) and isinstance(checked, OraclePolicy):
         if source.source != "oracle":
-            raise SealError(f"Warm-start source {source.source!r}: family {family.name} warm-starts from its own oracle "
-                            "only (source: oracle).")  # fmt: skip
+            raise SealError(f"Warm-start source {source.source!r}: the faulty oracle perturbs BFCL's ground truth; family "
+                            f"{family.name} warm-starts from source: oracle, replay:FILE or run:DIR.")  # fmt: skip
         selected = [task_set.get(t) for t in source.tasks] if source.tasks else tasks
         return [Episode(i + 1, t, ScriptedAgent(oracle_messages(family, t, call_format))) for i, t in enumerate(selected)]
     if isinstance(checked, Path):

@@ -408,9 +408,10 @@ def check_family_spec(recipe: SealRecipe) -> None:
     if recipe.env.get("protocol", "seal") != "seal" or (recipe.eval.protocol or "seal") != "seal":
         raise SealError(f"family {recipe.family}: env.protocol and eval.protocol must be seal (bfcl is BFCL's own loop).")
     for source in recipe.warm_start.data:
-        if source.source != "oracle":
-            raise SealError(f"family {recipe.family}: warm-start source {source.source!r} replays BFCL transcripts; a "
-                            "family warm-starts from its own oracle only (source: oracle, Family.oracle).")  # fmt: skip
+        if source.source.startswith("oracle:"):
+            raise SealError(f"family {recipe.family}: warm-start source {source.source!r} perturbs BFCL's ground truth; a "
+                            "family warm-starts from source: oracle (Family.oracle), replay:FILE or run:DIR (a "
+                            "`seal eval --family` run).")  # fmt: skip
 
 
 def _check_servers(recipe: SealRecipe) -> None:
