@@ -640,3 +640,18 @@ def test_a_server_recipe_holds_no_generation_engine_on_its_training_gpus():
     assert plan.vllm is None and not [line for line in plan.memory if "generate" in line.name or "prefix cache" in line.name]
     assert [line for line in local.memory if "generate" in line.name]
     assert plan.training_bytes < local.training_bytes
+
+
+def test_a_user_simulator_in_the_training_processes_is_counted_in_their_memory(qwen_dir):
+    """``family_settings.user: hf:MODEL`` loads τ²'s user model in every training process: the plan adds its
+    bf16 weights (2 bytes x its parameters, from its config.json) to each GPU; a user on a server adds none."""
+    from seal_rl.plan.shapes import model_shape
+
+    base = ["model.path=preset:qwen2.5-7b"]
+    served = load_recipe("tau2-airline-user", [*base, "family_settings.user=openai:u@http://localhost:1/v1"])
+    local = load_recipe("tau2-airline-user", [*base, f"family_settings.user=hf:{qwen_dir}", "grpo.per_device_train_batch_size=1"])
+    served.grpo.per_device_train_batch_size = 1
+    a, b = (estimate(r, gpus=8, gpu_memory_gb=80, num_tasks=30) for r in (served, local))
+    extra = [line for line in b.memory if line.name.startswith("user simulator weights")]
+    assert len(extra) == 1 and extra[0].bytes == 2 * model_shape(qwen_dir).parameters
+    assert sum(line.bytes for line in b.memory) - sum(line.bytes for line in a.memory) == extra[0].bytes

@@ -221,6 +221,10 @@ def estimate(
 
     memory = _training_memory(recipe, shape, p, gpus, strategy)
     notes = []
+    user = _user_weights(recipe)
+    if user is not None:  # a simulated user loaded in every training process (family_settings.user: hf:/vllm:)
+        memory.append(user)
+        notes.append("user simulator in the training processes: its weights are counted, its KV cache is not.")
     if shape.attention_sinks:  # transformers' gpt-oss has no SDPA path; its eager path materialises the scores
         eager = b * shape.num_attention_heads * sequence * (sequence + 1) * p.activation_bytes
         notes.append("attention sinks (gpt-oss): activations assume a flash-attention kernel with sinks (transformers' "
@@ -381,6 +385,17 @@ def _training_tasks(recipe: SealRecipe) -> int:
     family = load_family(recipe.family, **recipe.family_settings)
     tasks, _ = select_tasks(recipe, family.task_set(), family)
     return len(tasks)
+
+
+def _user_weights(recipe: SealRecipe) -> MemoryLine | None:
+    """A family's simulated user loaded in every training process (``family_settings.user: hf:MODEL`` or
+    ``vllm:MODEL``): its weights in bfloat16 on each GPU, never trained (no gradients, no optimizer state)."""
+    user = str(recipe.family_settings.get("user") or "")
+    kind, _, path = user.partition(":")
+    if kind not in ("hf", "vllm") or not path:
+        return None
+    weights = model_shape(path).parameters * 2
+    return MemoryLine(f"user simulator weights ({path}, bf16)", weights, "2Ψ_user, every process; never trained")
 
 
 def user_line(recipe: SealRecipe) -> str | None:
