@@ -11,6 +11,7 @@ import torch
 from seal_rl.errors import SealError
 from seal_rl.train import load_recipe, read_metrics, train
 from seal_rl.train import lora
+from tests.test_servers import _stats, _train_command, fake_process  # noqa: F401  (a fixture)
 from tests.test_train import ROOT, _jsonl, _recipe
 
 LORA = {"model.lora.rank": 4, "grpo.beta": 0.01}
@@ -44,9 +45,9 @@ def test_a_fresh_adapter_is_the_base_model_and_the_merged_weights_leave_the_base
     before = {k: v.clone() for k, v in model.state_dict().items()}
     merged = dict(lora.merged_tensors(model))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing merged in place
-    assert merged.keys() == base.state_dict().keys()
+    assert merged.keys() == dict(base.named_parameters()).keys()  # a tied output head once
     assert not torch.allclose(_logps(model, ids), _logps(base, ids), atol=1e-4)
-    base.load_state_dict(merged)
+    base.load_state_dict(merged, strict=False)
     assert torch.allclose(_logps(model, ids), _logps(base, ids), atol=1e-5)  # the merged weights are the adapted model
 
 
@@ -163,3 +164,39 @@ def test_a_resumed_lora_run_continues_exactly(lora_run, tiny_model_dir, tmp_path
     resumed, straight = (load_file(d / "model" / "adapter" / "adapter_model.safetensors") for d in (out, reference))
     assert resumed.keys() == straight.keys()
     assert all(torch.allclose(resumed[k], straight[k], rtol=0, atol=1e-6) for k in straight)
+
+
+def test_an_unmatched_target_is_one_line_before_training(tiny_model_dir, tmp_path):
+    with pytest.raises(SealError, match="model.lora.target_modules \\['query'\\] matches none of the model's linear layers"):
+        train(_recipe(tiny_model_dir, **{"model.lora.target_modules": "[query]"}), tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_generation_server_gets_the_merged_weights_and_the_base_stays(fake_process, tiny_model_dir, tmp_path):
+    """``generator: server`` with LoRA against the fake server (tests/test_servers.py): the served-model
+    check passes, and the weights pushed before round 2 are the base with checkpoint-1's adapter merged
+    in (the trainer's base weights untouched: every later sync starts from them)."""
+    import os
+    import subprocess
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    url = fake_process()
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    command = _train_command(out, url, tiny_model_dir, "model.lora.rank=4", "grpo.learning_rate=1e-2", "grpo.beta=0",
+                              "grpo.extra.entropy_coef=0.1")  # all rewards 0 here: the entropy bonus moves the adapter
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "served log-probabilities within" in result.stderr
+    assert _stats(url)["reloads"] == ["seal_reload_weights"] * 2
+    pushed = load_file(out / "server_weights" / "v2" / "model.safetensors")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    after_1 = dict(lora.merged_tensors(PeftModel.from_pretrained(base, out / "checkpoints" / "checkpoint-1")))
+    initial = load_file(Path(tiny_model_dir) / "model.safetensors")
+    assert set(initial) <= set(pushed) <= set(after_1)
+    assert all(torch.allclose(pushed[k], after_1[k], rtol=0, atol=1e-6) for k in pushed)
+    assert any(not torch.equal(pushed[k], initial[k]) for k in initial)  # the update reached the server

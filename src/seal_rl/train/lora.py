@@ -9,7 +9,7 @@ to a vLLM engine or generation server are the merged ones, computed here without
 base weights (:func:`merged_tensors`; PEFT's merge-then-unmerge would leave float rounding in the
 base weights at every sync). Checkpoints hold the adapter and its optimizer state only; ``model/``
 holds the merged model, a plain model directory that every reader takes (``seal eval --policy
-hf:``, ``seal train --set model.path=``, ``vllm serve``), and ``adapter/`` the adapter alone.
+hf:``, ``seal train --set model.path=``, ``vllm serve``), and ``model/adapter/`` the adapter alone.
 ``lora.json`` records the base model's fingerprint, so resuming on another base is one line.
 
 Not here: the LoRA warm start's SFT (:func:`seal_rl.sft.run_sft`, which takes the PEFT config).
@@ -29,7 +29,7 @@ from seal_rl.errors import SealError
 LORA_FILE = "lora.json"
 """the run's adapter settings and its base model's fingerprint (:func:`record_base`)"""
 ADAPTER_DIR = "adapter"
-"""``RUN/adapter``: the trained adapter alone (``model/`` holds it merged into the base)"""
+"""``model/adapter`` (and ``best/adapter``): the trained adapter alone, beside the merged model"""
 
 
 @dataclass
@@ -149,9 +149,9 @@ def is_peft(model: Any) -> bool:
 
 
 def merged_tensors(model: Any) -> Iterator[tuple[str, Any]]:
-    """The PEFT model's weights with the active adapters merged, under the base model's own names
-    (``model.layers.0.self_attn.q_proj.weight``), one tensor at a time; the model is not changed
-    (each adapted weight is W + its adapters' delta, a new tensor)."""
+    """The PEFT model's parameters with the active adapters merged, under the base model's own names
+    (``model.layers.0.self_attn.q_proj.weight``), one tensor at a time, a tied weight once; the
+    model is not changed (each adapted weight is W + its adapters' delta, a new tensor)."""
     import torch
     from peft.tuners.lora import LoraLayer
 
@@ -163,9 +163,10 @@ def merged_tensors(model: Any) -> Iterator[tuple[str, Any]]:
             if active:
                 deltas[f"{name}.weight"] = (module, active)
     with torch.no_grad():
-        for name, tensor in base.state_dict(keep_vars=False).items():
+        for name, parameter in base.named_parameters():  # a tied weight once (safetensors and vLLM refuse shared tensors)
             if ".lora_" in name or "lora_magnitude_vector" in name:
                 continue
+            tensor = parameter.detach()
             plain = name.replace(".base_layer.", ".")
             if plain in deltas and name.endswith(".base_layer.weight"):
                 module, active = deltas[plain]
