@@ -28,7 +28,7 @@ from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
 from seal_rl.environments.family import BfclFamily
 from seal_rl.environments.load import load_family
-from seal_rl.train import lora
+import seal_rl.train.lora as lora
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, planned_interface, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
