@@ -200,3 +200,25 @@ def test_a_generation_server_gets_the_merged_weights_and_the_base_stays(fake_pro
     assert set(initial) <= set(pushed) <= set(after_1)
     assert all(torch.allclose(pushed[k], after_1[k], rtol=0, atol=1e-6) for k in pushed)
     assert any(not torch.equal(pushed[k], initial[k]) for k in initial)  # the update reached the server
+
+
+def test_a_lora_warm_start_trains_the_adapter_that_rl_goes_on_with(tiny_model_dir, tmp_path):
+    """``model.lora`` with a warm start: SFT trains the adapter (``warm_start/model`` merged,
+    ``warm_start/model/adapter`` alone), RL loads it on the base model and starts exactly where SFT
+    ended (its first KL against the warm-started adapter is 0), and only adapter tensors are saved."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    sets = {**LORA, "grpo.max_steps": 1, "warm_start.data": "[{source: oracle}]", "warm_start.sft.max_steps": 3,
+            "warm_start.sft.learning_rate": 1e-2}  # fmt: skip
+    train(_recipe(tiny_model_dir, **sets), out)
+    warm = out / "warm_start" / "model"
+    sft_adapter = load_file(warm / "adapter" / "adapter_model.safetensors")
+    assert sft_adapter and all("lora_" in k for k in sft_adapter)
+    assert any(v.abs().sum() > 0 for k, v in sft_adapter.items() if "lora_B" in k)  # SFT moved the adapter
+    assert json.loads((out / "lora.json").read_text())["base"] == str(tiny_model_dir)  # RL's base: the base model
+    assert read_metrics(out, "trainer")[0]["kl"] == 0  # the reference is the warm-started adapter
+    rl_adapter = load_file(out / "model" / "adapter" / "adapter_model.safetensors")
+    assert rl_adapter.keys() == sft_adapter.keys()  # the same adapter, trained on (TRL's frozen "ref" copy not saved)
+    saved = load_file(out / "checkpoints" / "checkpoint-1" / "adapter_model.safetensors")
+    assert saved and all("lora_" in k for k in saved)

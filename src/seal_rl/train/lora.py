@@ -12,7 +12,8 @@ holds the merged model, a plain model directory that every reader takes (``seal 
 hf:``, ``seal train --set model.path=``, ``vllm serve``), and ``model/adapter/`` the adapter alone.
 ``lora.json`` records the base model's fingerprint, so resuming on another base is one line.
 
-Not here: the LoRA warm start's SFT (:func:`seal_rl.sft.run_sft`, which takes the PEFT config).
+A LoRA warm start (``model.lora.warm_start``) trains the adapter in SFT (:func:`seal_rl.sft.run_sft`
+takes the PEFT config), and RL continues that adapter (:func:`warm_adapter`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class LoraSettings:
     """which layers get an adapter: ``all-linear`` (every linear layer but the output head), a list
     of module names (``[q_proj, v_proj]``: a layer whose name ends with one), or one regular
     expression matched against the whole module name"""
+    warm_start: bool = True
+    """with a warm start (``warm_start.data``): true trains the same adapter there (SFT), and RL goes
+    on with it on the base model, against the warm-started adapter as its reference; false fine-tunes
+    every weight in the warm start and RL starts a fresh adapter on the warm-started model"""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -140,6 +145,22 @@ def record_base(out: Path, settings: LoraSettings, model_path: str, *, resume: b
     file.write_text(json.dumps(now, indent=1) + "\n")
 
 
+def warm_adapter(settings: LoraSettings | None, warm_model: Path) -> Path | None:
+    """The warm start's adapter that RL continues on the base model (``model.lora.warm_start``), or
+    None: no LoRA, or a warm start that fine-tuned every weight (RL then starts on ``warm_model``)."""
+    adapter = Path(warm_model) / ADAPTER_DIR
+    if settings is None or not settings.warm_start or not (adapter / "adapter_config.json").exists():
+        return None
+    return adapter
+
+
+def load_adapter(model: Any, adapter: Path) -> Any:
+    """``model`` (the base) with a saved adapter, trainable: TRL keeps a frozen copy as the reference."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+
+
 def is_peft(model: Any) -> bool:
     try:
         from peft import PeftModel
@@ -185,7 +206,7 @@ def save_merged(model: Any, tokenizer: Any, path: Path, adapter_path: Path | Non
     base.save_pretrained(str(path), state_dict=dict(merged_tensors(model)))
     tokenizer.save_pretrained(str(path))
     if adapter_path is not None:
-        model.save_pretrained(str(adapter_path))
+        model.save_pretrained(str(adapter_path), selected_adapters=[model.active_adapter])  # not TRL's "ref" copy
         tokenizer.save_pretrained(str(adapter_path))
 
 

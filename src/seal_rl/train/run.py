@@ -128,7 +128,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                                 "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
             if not (out / "warm_start" / "model" / "config.json").exists():
                 warm_start(recipe, out / "warm_start", task_set, tasks, model_path, family)
-            model_path = str(out / "warm_start" / "model")
+            adapter = lora.warm_adapter(recipe.model.lora, out / "warm_start" / "model")
+            if adapter is None:  # with a LoRA warm start, RL goes on with its adapter on the base model
+                model_path = str(out / "warm_start" / "model")
+        else:
+            adapter = None
 
         g = recipe.grpo
         budgets = Budgets(**recipe.budgets)
@@ -193,8 +197,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             (out / PRECISION_FILE).write_text(json.dumps({"model.dtype": dtype, "grpo.bf16": bf16}) + "\n")
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        adapters = None if recipe.model.lora is None else lora.peft_config(recipe.model.lora, model)
-        if adapters is not None and is_main:
+        adapters = None if recipe.model.lora is None or adapter else lora.peft_config(recipe.model.lora, model)
+        if adapter is not None:
+            model = lora.load_adapter(model, adapter)
+        if recipe.model.lora is not None and is_main:
             lora.record_base(out, recipe.model.lora, model_path, resume=resume is not None)
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
 
