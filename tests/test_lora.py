@@ -222,3 +222,28 @@ def test_a_lora_warm_start_trains_the_adapter_that_rl_goes_on_with(tiny_model_di
     assert rl_adapter.keys() == sft_adapter.keys()  # the same adapter, trained on (TRL's frozen "ref" copy not saved)
     saved = load_file(out / "checkpoints" / "checkpoint-1" / "adapter_model.safetensors")
     assert saved and all("lora_" in k for k in saved)
+
+
+@pytest.mark.slow
+def test_lora_on_two_data_parallel_processes_trains_and_saves(tiny_model_dir, tmp_path):
+    """``torchrun --nproc_per_node 2`` (DDP on gloo): the adapters' gradients are all-reduced, rank 0
+    saves the merged model and the adapter, checkpoints hold the adapter."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.test_train import _free_port, _overrides
+
+    out = tmp_path / "ddp"
+    sets = _overrides(tiny_model_dir, **{**LORA, "grpo.per_device_train_batch_size": 1})
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", _free_port(),
+               "-m", "seal_rl", "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"), "--out", str(out), "--set", *sets]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    adapter = load_file(out / "model" / "adapter" / "adapter_model.safetensors")
+    assert adapter and any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+    assert all("lora_" in k for k in load_file(out / "checkpoints" / "checkpoint-2" / "adapter_model.safetensors"))
+    assert len(_jsonl(out / "trajectories.jsonl")) == 8  # both ranks' episodes, 2 rounds
