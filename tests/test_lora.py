@@ -89,6 +89,12 @@ def test_resuming_an_adapter_on_another_base_is_one_line(tiny_model_dir, tmp_pat
         lora.record_base(tmp_path, settings, str(other), resume=True)
     with pytest.raises(SealError, match="resume with the run's own settings"):
         lora.record_base(tmp_path, lora.LoraSettings(rank=8), str(tiny_model_dir), resume=True)
+    with pytest.raises(SealError, match="trains LoRA adapters .* resume it with its model.lora settings"):
+        lora.check_resume(tmp_path, None)
+    (tmp_path / "full" / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(SealError, match="fine-tunes every weight .* resume it without model.lora"):
+        lora.check_resume(tmp_path / "full", settings)
+    lora.check_resume(tmp_path / "full", None)
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,17 @@ def base_fingerprint(model_path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def check_resume(out: Path, settings: LoraSettings | None) -> None:
+    """A run resumed with adapters if and only if it started with them (``lora.json``): one line."""
+    started = (Path(out) / LORA_FILE).exists()
+    if started and settings is None:
+        raise SealError(f"{out} trains LoRA adapters (lora.json; its checkpoints hold only the adapter): resume it with "
+                        "its model.lora settings, not without them.")  # fmt: skip
+    if not started and settings is not None and any((Path(out) / "checkpoints").glob("checkpoint-*")):
+        raise SealError(f"{out} fine-tunes every weight (its checkpoints hold the whole model): resume it without "
+                        "model.lora, or start a new run with it.")  # fmt: skip
+
+
 def record_base(out: Path, settings: LoraSettings, model_path: str, *, resume: bool) -> None:
     """Write ``lora.json`` (the adapter settings, the base model and its fingerprint); when resuming,
     a :class:`SealError` if the run's adapter was trained on another base."""

@@ -77,6 +77,8 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if recipe.model.lora is not None:
         lora.check_launch(dict(os.environ))
+    if resume is not None:
+        lora.check_resume(Path(resume), recipe.model.lora)
     if family is None:  # a bad family is one line before anything starts
         family = load_family(recipe.family, **recipe.family_settings)
     bfcl = isinstance(family, BfclFamily)
