@@ -280,8 +280,12 @@ def run_sft(
     *,
     dtype: str = "auto",
     gradient_checkpointing: bool = False,
+    adapters: Any = None,
 ) -> Path:
     """Fine-tune ``model_path`` on ``samples`` with TRL's ``SFTTrainer``; the model goes to ``out/model``.
+
+    ``adapters``: a function ``model -> PEFT config`` to train LoRA adapters instead of every weight
+    (``model.lora``); ``out/model`` is then the merged model and ``out/model/adapter`` the adapter.
 
     The loss is the mean negative log-likelihood of the assistant tokens (``assistant_masks``).
     ``out/sft_log.jsonl`` has TRL's log lines (loss, learning rate, gradient norm per logging step).
@@ -327,14 +331,21 @@ def run_sft(
         dataset_num_proc=None,
         **settings.extra,
     )
-    trainer = packed_sft_trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    peft_config = adapters(model) if adapters is not None else None
+    trainer = packed_sft_trainer_class()(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                                         peft_config=peft_config)  # fmt: skip
     trainer.seal_shared_prefix = settings.shared_prefix
     began = time.perf_counter()
     trainer.train()
     with open(out / "sft_log.jsonl", "w", encoding="utf-8") as handle:
         for line in trainer.state.log_history:
             handle.write(json.dumps(line) + "\n")
-    trainer.save_model(str(out / "model"))
+    if peft_config is not None:  # the adapter alone, then the merged model (a plain model directory)
+        adapted = trainer.accelerator.unwrap_model(trainer.model)
+        adapted.save_pretrained(str(out / "model" / "adapter"), selected_adapters=[adapted.active_adapter])
+        adapted.merge_and_unload().save_pretrained(str(out / "model"))
+    else:
+        trainer.save_model(str(out / "model"))
     tokenizer.save_pretrained(str(out / "model"))
     losses = [line["loss"] for line in trainer.state.log_history if "loss" in line]
     (out / "sft.json").write_text(json.dumps({

@@ -37,6 +37,8 @@ With ``generator: server`` the episodes are played on ``vllm serve`` processes o
 ``server_sync`` pushes the weights to them before every round and checks what they serve, and under
 ``staleness`` ≥ 1 ``async_rounds`` plays groups ahead of the update (step 1 then takes ready groups
 instead of playing TRL's prompts), with ``importance`` measuring the behaviour policy's ratios.
+With ``model.lora`` TRL trains LoRA adapters (``lora``): the reference is the base model with the
+adapters off, checkpoints hold the adapter, ``model/`` the merged model.
 
 Departures from the reference: TRL normalises group advantages with ``std + 1e-4`` (the reference
 uses ``1e-6``); each SEAL round is one TRL generation batch.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from seal_rl.errors import SealError
 from seal_rl.rollout import Budgets
 from seal_rl.sft import build_samples, check_source, run_sft
 from seal_rl.tasks import Task, TaskSet
+from seal_rl.train.lora import peft_config
 from seal_rl.train.recipe import SealRecipe
 
 
@@ -89,8 +91,10 @@ def warm_start(recipe: SealRecipe, out: Path, task_set: TaskSet, tasks: Sequence
                                      EnvConfig(**recipe.env), Budgets(**recipe.budgets), ws.interfaces, family)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     (out / "samples.json").write_text(json.dumps(summary, indent=1) + "\n")
+    settings = recipe.model.lora
+    adapters = partial(peft_config, settings) if settings is not None and settings.warm_start else None
     return run_sft(base_model, samples, ws.sft, out, dtype=recipe.model.dtype,
-                   gradient_checkpointing=recipe.model.gradient_checkpointing)  # fmt: skip
+                   gradient_checkpointing=recipe.model.gradient_checkpointing, adapters=adapters)  # fmt: skip
 
 
 def _prepare_model(recipe: SealRecipe, out: Path, task_set: Any) -> str:

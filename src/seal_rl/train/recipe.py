@@ -34,6 +34,7 @@ from seal_rl.precision import resolve_bf16  # noqa: F401  (where run.py and plan
 from seal_rl.protocol import PROTOCOLS
 from seal_rl.rollout import SCHEDULERS, Budgets
 from seal_rl.sft import WarmStartConfig, check_source
+from seal_rl.train.lora import LoraSettings, check_recipe as check_lora
 from seal_rl.train.samples import REWARDS
 
 
@@ -54,6 +55,10 @@ class ModelConfig:
     dtype: str = "auto"
     """``auto`` | ``bfloat16`` | ``float32``"""
     gradient_checkpointing: bool = False
+    lora: LoraSettings | None = None
+    """LoRA adapters (``rank``, ``alpha``, ``dropout``, ``target_modules``) instead of full fine-tuning;
+    absent or null: every weight trains. The reference is the base model (adapters off); checkpoints
+    hold the adapter, ``model/`` the merged model (:mod:`seal_rl.train.lora`, docs/training.md)"""
 
 
 @dataclass
@@ -396,6 +401,7 @@ def validate(recipe: SealRecipe) -> None:
         raise SealError("rollout_scheduler continuous cannot run with grpo.vllm_tensor_parallel_size > 1 (the TP group's "
                         "ranks must call the engine together); choose rollout_scheduler: lockstep (or auto).")  # fmt: skip
     check_report_to(g.report_to)
+    check_lora(recipe)
 
 
 def check_family_spec(recipe: SealRecipe) -> None:

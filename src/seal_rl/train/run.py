@@ -28,6 +28,7 @@ from seal_rl.runlock import run_lock
 from seal_rl.sft import checkpointing_argument
 from seal_rl.environments.family import BfclFamily
 from seal_rl.environments.load import load_family
+import seal_rl.train.lora as lora
 from seal_rl.train.loop import CONSOLE, SealLoop, SealState
 from seal_rl.train.recipe import SealRecipe, batch_layout, planned_interface, planned_scheduler, resolve_bf16, samples_per_task
 from seal_rl.train.run_dir import (
@@ -74,6 +75,10 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
     from trl import GRPOConfig
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if recipe.model.lora is not None:
+        lora.check_launch(dict(os.environ))
+    if resume is not None:
+        lora.check_resume(Path(resume), recipe.model.lora)
     owned = family is None
     if owned:  # a bad family is one line before anything starts
         family = load_family(recipe.family, **recipe.family_settings)
@@ -128,7 +133,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
                                 "--set model.path=SFT_DIR/model and without warm_start.data.")  # fmt: skip
             if not (out / "warm_start" / "model" / "config.json").exists():
                 warm_start(recipe, out / "warm_start", task_set, tasks, model_path, family)
-            model_path = str(out / "warm_start" / "model")
+            adapter = lora.warm_adapter(recipe.model.lora, out / "warm_start" / "model")
+            if adapter is None:  # with a LoRA warm start, RL goes on with its adapter on the base model
+                model_path = str(out / "warm_start" / "model")
+        else:
+            adapter = None
 
         g = recipe.grpo
         budgets = Budgets(**recipe.budgets)
@@ -193,6 +202,11 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             (out / PRECISION_FILE).write_text(json.dumps({"model.dtype": dtype, "grpo.bf16": bf16}) + "\n")
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        adapters = None if recipe.model.lora is None or adapter else lora.peft_config(recipe.model.lora, model)
+        if adapter is not None:
+            model = lora.load_adapter(model, adapter)
+        if recipe.model.lora is not None and is_main:
+            lora.record_base(out, recipe.model.lora, model_path, resume=resume is not None)
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.id}], "task_id": t.id} for t in tasks])
 
         loop = SealLoop(recipe, task_set, out, is_main=is_main, generator_factory=generator_factory, validation=validation,
@@ -214,13 +228,14 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
         with _tensorboard_dir(out / "tensorboard"), trl_engine_dtype(engine_dtype) if g.use_vllm else nullcontext():
             trainer = trainer_class(
                 model=model, reward_funcs=[seal_reward], args=args, train_dataset=dataset, processing_class=tokenizer,
-                rollout_func=loop.rollout, callbacks=[_seal_callback(loop)],
+                rollout_func=loop.rollout, callbacks=[_seal_callback(loop)], peft_config=adapters,
             )  # fmt: skip
         trainer.seal = loop
         if recipe.silent_updates == "skip" and (reason := gradient_without_advantages(trainer)):
             raise SealError(f"silent_updates: skip cannot skip a round with nothing to learn here: {reason} has a gradient "
                             "in every round. Set silent_updates: step, or turn that term off.")  # fmt: skip
         if g.use_vllm:
+            lora.install_merged_sync(trainer.vllm_generation)  # LoRA: merged weights, the base ones untouched
             vllm_cpu.install_weight_sync(trainer.vllm_generation, loop.timing)  # on vLLM's CPU build only
         _fsdp_on_cpu(trainer)
         loop.train_tasks = list(tasks)
@@ -229,6 +244,7 @@ def train(recipe: SealRecipe, out: Path, *, resume: Path | None = None, generato
             from seal_rl.train.server_sync import attach_servers, detach_servers
 
             attach_servers(trainer, loop, ServerConfig(**recipe.server), out, _say)
+            lora.install_merged_sync(trainer.vllm_generation)
             held.callback(detach_servers, loop)
         if validation and recipe.eval.every_rounds:
             trainer.add_callback(_validation_callback(loop, trainer, layout["updates_per_round"], recipe.eval.every_rounds))
@@ -292,6 +308,9 @@ def start_banner(recipe: SealRecipe, out: Path, layout: dict[str, int], world_si
         f"seal train: recipe {config or '(given in code)'}, resolved in {out / 'config.yaml'}",
         f"  model {recipe.model.path}; protocol {recipe.env.get('protocol', 'seal')}; interface {recipe.interface.get('preset')}; "
         f"A-Patch {recipe.apatch.get('preset')}; report_to {', '.join(g.report_to)}",
+        *([f"  LoRA rank {recipe.model.lora.rank} on {recipe.model.lora.target_modules}: only the adapters train; the "
+           "reference is the base model (adapters off); checkpoints hold the adapter, model/ the merged model"]
+          if recipe.model.lora is not None else []),
         f"  {world_size} process(es); per round {g.tasks_per_step} tasks x {g.num_generations} rollouts = {episodes} episodes, "
         f"{layout['updates_per_round']} update(s) of {g.tasks_per_update * g.num_generations} episodes "
         f"(micro-batch {g.per_device_train_batch_size}, gradient accumulation {layout['gradient_accumulation_steps']}); "

@@ -19,6 +19,7 @@ from typing import Any
 
 from seal_rl import jsonl
 from seal_rl.errors import SealError
+from seal_rl.train.lora import ADAPTER_DIR, is_peft, save_merged
 
 SEAL_STATE_FILE = "seal_state.json"
 METRICS_FILE = "metrics.jsonl"
@@ -88,13 +89,20 @@ def _tensorboard_dir(path: Path):
 
 
 def save_model(trainer: Any, path: Path) -> None:
-    """Save the policy as a plain transformers model directory (weights, config, tokenizer).
+    """Save the policy as a plain transformers model directory (weights, config, tokenizer); a LoRA
+    policy merged (:func:`~seal_rl.train.lora.save_merged`), with its adapter alone in ``adapter/``.
 
     A collective: every rank must call it. ZeRO-3 gathers its 16-bit weights across ranks (on rank 0
     alone it hangs); FSDP gathers a full state dict, which rank 0 writes itself — transformers'
     ``save_pretrained`` would touch the still-sharded parameters on rank 0 alone and hang, and a
     sharded state dict would write shards, not a model.
     """
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if is_peft(model):  # LoRA (one process or plain data parallel): merged weights, the adapter in path/adapter
+        if trainer.accelerator.is_main_process:
+            save_merged(model, trainer.processing_class, path, Path(path) / ADAPTER_DIR)
+        trainer.accelerator.wait_for_everyone()
+        return
     if not trainer.is_fsdp_enabled:
         trainer.save_model(str(path))
         if trainer.accelerator.is_main_process:

@@ -31,6 +31,7 @@ from seal_rl.prefix_tree import (
     attention_switched, check_model, forward_tree, gather_rows, group_order, groups_of, own_precision, pack, rows_of,
     scored_positions,
 )  # fmt: skip
+from seal_rl.train.lora import adapters_off
 from seal_rl.train.run_dir import METRICS_FILE, SEAL_STATE_FILE, TIME_FILE
 
 if TYPE_CHECKING:
@@ -117,7 +118,8 @@ def make_trainer_class():
 
             started = time.perf_counter()
             grad = torch.is_grad_enabled()
-            kind = "update/policy" if grad else ("update/reference" if model is self.ref_model else "update/old_logprobs")
+            reference = model is self.ref_model or adapters_off(self.accelerator.unwrap_model(model))  # PEFT: adapters off
+            kind = "update/policy" if grad else ("update/reference" if reference else "update/old_logprobs")
             packs = self._seal_packs(model, input_ids, attention_mask, logits_to_keep, batch_size, grad, extra, compute_aux_loss)
             if packs is not None:
                 rows, chunks, trees = packs
