@@ -655,3 +655,97 @@ def test_a_user_simulator_in_the_training_processes_is_counted_in_their_memory(q
     extra = [line for line in b.memory if line.name.startswith("user simulator weights")]
     assert len(extra) == 1 and extra[0].bytes == 2 * model_shape(qwen_dir).parameters
     assert sum(line.bytes for line in b.memory) - sum(line.bytes for line in a.memory) == extra[0].bytes
+
+
+# -- LoRA (model.lora) ---------------------------------------------------------------------------
+
+LORA = [*PAPER_SETTINGS, "model.lora.rank=16"]
+
+
+@pytest.mark.parametrize(
+    ("config_class", "settings", "targets"),
+    [
+        (Qwen2Config, {}, "all-linear"),  # Qwen2: q/k/v biases, which bias="none" leaves untrained
+        (LlamaConfig, {"attention_bias": True, "mlp_bias": True}, "all-linear"),
+        (LlamaConfig, {}, ["q_proj", "v_proj", "down_proj"]),
+        (Qwen3Config, {"head_dim": 24}, ["k_proj", "o_proj", "gate_proj", "up_proj"]),  # head_dim != hidden / heads
+    ],
+)
+def test_lora_trainable_parameters_are_what_peft_trains(config_class, settings, targets):
+    """The shape-based count rank x (in + out) per adapted layer equals PEFT's own count on a model
+    built here from the same config, and PEFT keeps the adapters in float32 on a bfloat16 base."""
+    from peft import LoraConfig, get_peft_model
+
+    from seal_rl.plan.lora import lora_plan
+    from seal_rl.train.lora import LoraSettings
+
+    config = config_class(hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=320, tie_word_embeddings=False, **settings)  # fmt: skip
+    config_dict = {**config.to_dict(), "model_type": config.model_type}
+    shape = shape_from_config(config_dict)
+    for rank in (1, 8):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        peft = get_peft_model(model, LoraConfig(r=rank, target_modules=targets, bias="none", task_type="CAUSAL_LM"))
+        trainable, total = peft.get_nb_trainable_parameters()
+        assert total - trainable == shape.parameters
+        planned = lora_plan(LoraSettings(rank=rank, target_modules=targets), shape, "ddp")
+        assert planned.trainable == trainable
+        assert {p.dtype for p in peft.parameters() if p.requires_grad} == {torch.float32}
+
+
+def test_a_lora_plan_trains_the_adapters_only_and_keeps_no_reference_copy():
+    recipe = load_recipe(PAPER, LORA)
+    full = estimate(load_recipe(PAPER, PAPER_SETTINGS), gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    lora = estimate(recipe, gpus=1, gpu_memory_gb=80, strategy="ddp", num_tasks=400)
+    phi = 28 * 16 * (2 * 3584 + 2 * (3584 + 512) + 2 * 3584 + 3 * (3584 + 18944))
+    assert lora.lora.trainable == phi == 40_370_176  # PEFT's count for Qwen2.5-7B, r=16, all-linear
+    lines = {line.name: line.bytes for line in lora.memory}
+    assert not any(name.startswith(("reference", "gradients", "weights", "optimizer state (")) for name in lines)
+    assert lines["frozen base weights (2 bytes/param)"] == 2 * QWEN7B
+    assert lines["LoRA adapters (rank 16, float32)"] == lines["adapter gradients (float32)"] == 4 * phi
+    assert lines["optimizer state on the adapters (Adam)"] == 8 * phi
+    by_name = {line.name: line.bytes for line in full.memory}
+    activations = [name for name in lines if name.startswith("activations")]
+    assert lines[activations[0]] == by_name[activations[0]]  # the backward still runs through every layer
+    head = "LM-head log-probs (TRL fused kernel)"
+    assert by_name[head] - lines[head] == 152064 * 3584 * (4 + 2)  # a frozen head: no fp32 weight gradient to cast
+    assert lora.forwards == full.forwards  # the time keeps full fine-tuning's as an upper bound (a note says so)
+    assert any("upper bound" in note for note in lora.notes)
+    # the adapter's lines scale with its rank; the rest does not move
+    lora32 = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "model.lora.rank=32"]), gpus=1, gpu_memory_gb=80,
+                      strategy="ddp", num_tasks=400)  # fmt: skip
+    assert lora32.lora.trainable == 2 * phi
+    assert lora32.training_bytes - lora.training_bytes == 16 * phi
+    # a list of names adapts only those; a regular expression is counted as all-linear (an upper bound)
+    qv = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "model.lora.target_modules=[q_proj,v_proj]"]), gpus=1,
+                  gpu_memory_gb=80, strategy="ddp", num_tasks=400)  # fmt: skip
+    assert qv.lora.trainable == 28 * 8 * (2 * 3584 + 3584 + 512)
+    regex = estimate(load_recipe(PAPER, [*PAPER_SETTINGS, r"model.lora.target_modules=.*\.(q|v)_proj"]), gpus=1,
+                     gpu_memory_gb=80, strategy="ddp", num_tasks=400)  # fmt: skip
+    assert regex.lora.trainable == 28 * 8 * (2 * 3584 + 2 * (3584 + 512) + 2 * 3584 + 3 * (3584 + 18944))
+    assert any("upper bound" in note and "regular expression" in note for note in regex.notes)
+
+
+def test_lora_is_planned_under_plain_data_parallel_only_and_not_on_moe_models():
+    for strategy in ("zero1", "zero2", "zero3", "fsdp"):
+        with pytest.raises(SealError, match="--strategy ddp"):
+            estimate(load_recipe(PAPER, LORA), gpus=2, gpu_memory_gb=80, strategy=strategy, num_tasks=400)
+    with pytest.raises(SealError, match="Mixture-of-Experts"):
+        estimate(load_recipe(PAPER, [*LORA, "model.path=preset:gpt-oss-20b"]), gpus=1, gpu_memory_gb=80, strategy="ddp",
+                 num_tasks=400)  # fmt: skip
+    with pytest.raises(SealError, match="embed_tokens"):
+        estimate(load_recipe(PAPER, [*PAPER_SETTINGS, "model.lora.target_modules=[q_proj,embed_tokens]"]), gpus=1,
+                 gpu_memory_gb=80, strategy="ddp", num_tasks=400)  # fmt: skip
+
+
+def test_the_paper_recipe_with_lora_fits_one_80_gib_gpu_and_full_fine_tuning_does_not(monkeypatch, capsys):
+    """seal plan takes --strategy ddp for a LoRA recipe by default and says what it trains."""
+    code, out, err = _plan(monkeypatch, capsys, "--set", "model.lora.rank=16", "--gpus", "1", "--gpu-memory", "80")
+    assert code == 0 and err == "", err
+    for text in ("strategy ddp", "lora       rank 16 on all-linear: Φ = 40.4 M trainable parameters (0.53% of Ψ); the KL "
+                 "reference is the same model with the adapters off (no copy of the weights)", "  frozen base weights"):  # fmt: skip
+        assert text in out, text
+    assert "reference model" not in out and out.rstrip().splitlines()[-1].startswith("fits (")
+    code, out, _ = _plan(monkeypatch, capsys, "--gpus", "1", "--gpu-memory", "80", "--strategy", "ddp")
+    assert code == 1 and "lora " not in out and "reference model (beta=0.001)" in out

@@ -80,7 +80,7 @@ def plan_command(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs (training processes).")],
     gpu_memory: Annotated[float, typer.Option("--gpu-memory", help="Memory per GPU in GiB (an '80 GB' H100 or A100: 80).")],
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe field: key=value (model.path=preset:NAME needs no weights).")] = None,
-    strategy: Annotated[str, typer.Option(help="zero3 | zero2 | zero1 | fsdp | ddp.")] = "zero3",
+    strategy: Annotated[str | None, typer.Option(help="zero3 | zero2 | zero1 | fsdp | ddp (default: zero3; ddp with model.lora, which seal train runs under plain data parallel only).")] = None,
     peak_tflops: Annotated[float, typer.Option(help="Dense bf16 TFLOP/s per GPU (H100 SXM 989, A100 312).")] = 989.0,
     mfu: Annotated[float, typer.Option(help="Model FLOPs utilisation of training.")] = 0.35,
     hbm_tb_s: Annotated[float, typer.Option("--hbm-tb-s", help="Memory bandwidth per GPU, TB/s (H100 SXM 3.35, A100 2.0).")] = 3.35,
@@ -105,6 +105,7 @@ def plan_command(
     from seal_rl.train import load_recipe
 
     recipe = load_recipe(config, overrides or [])
+    strategy = strategy or ("ddp" if recipe.model.lora is not None else "zero3")
     assumptions = Assumptions(peak_tflops=peak_tflops, mfu=mfu, hbm_tb_per_s=hbm_tb_s, decode_efficiency=decode_efficiency,
                               gen_tokens_per_s=gen_tokens_per_s, overhead_gib=overhead_gib, vllm_overhead_gib=vllm_overhead_gib,
                               server_memory_utilization=server_memory_utilization, sync_gb_per_s=sync_gb_s)  # fmt: skip

@@ -8,6 +8,7 @@ The answer is a :class:`Plan`, which knows whether it fits and why not.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from seal_rl.plan.memory import (
     kv_cache_bytes_per_token, lm_head_bytes, materialised_logits_bytes, micro_batch_tokens, model_states, precision,
     tree_attention_bytes, vllm_engine, vllm_weight_bytes,
 )  # fmt: skip
+from seal_rl.plan.lora import ADAPTER_ADAM_BYTES, ADAPTER_BYTES, ADAPTER_GRAD_BYTES, LoraPlan, lora_plan
 from seal_rl.plan.shapes import ModelShape, model_shape
 
 if TYPE_CHECKING:
@@ -112,6 +114,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     device: str = "cuda"
     """``cuda`` (memory per GPU) or ``cpu`` (``gpu_memory``: each process's share of the host's RAM)"""
+    lora: LoraPlan | None = None
+    """``model.lora``: the adapters trained instead of every weight (:mod:`seal_rl.plan.lora`)"""
 
     @property
     def longest_sequence(self) -> int:
@@ -163,7 +167,7 @@ class Plan:
     def _remedies(self) -> str:
         """What could make the training side fit, leaving out what the recipe already does."""
         remedies = ["more GPUs"] if self.device == "cuda" else ["a machine with more memory"]
-        if self.strategy not in ("zero3", "fsdp") and (self.device == "cuda" or self.gpus > 1):
+        if self.strategy not in ("zero3", "fsdp") and (self.device == "cuda" or self.gpus > 1) and self.lora is None:
             remedies.append("--strategy zero3")
         if not self.checkpointing:
             remedies.append("model.gradient_checkpointing=true")
@@ -219,8 +223,14 @@ def estimate(
     sequence = prompt + completion
     mean_context = prompt + completion // 2
 
-    memory = _training_memory(recipe, shape, p, gpus, strategy)
-    notes = []
+    lora = None
+    if recipe.model.lora is not None:
+        warm = bool(recipe.warm_start.data) and recipe.model.lora.warm_start and recipe.grpo.beta > 0
+        lora = lora_plan(recipe.model.lora, shape, strategy, warm_adapter=warm)
+        p = dataclasses.replace(p, name=f"{p.weight_bytes}-byte frozen weights, float32 LoRA adapters: "
+                                         f"{ADAPTER_BYTES}+{ADAPTER_GRAD_BYTES}+{ADAPTER_ADAM_BYTES} bytes/adapter param")  # fmt: skip
+    memory = _training_memory(recipe, shape, p, gpus, strategy, lora)
+    notes = [] if lora is None else [*lora.notes, _lora_time_note(recipe)]
     user = _user_weights(recipe)
     if user is not None:  # a simulated user loaded in every training process (family_settings.user: hf:/vllm:)
         memory.append(user)
@@ -283,11 +293,20 @@ def estimate(
         vllm=vllm, trained_tokens=micro_batches * tokens.forwarded, held_tokens=micro_batches * tokens.held,
         generated_tokens=episodes * generated_per_episode,
         forwards=forward_passes(recipe, layout), forward_flops_per_token=forward_flops_per_token(shape, sequence),
-        gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes, device=device,
+        gen_tokens_per_s=gen_rate, assumptions=assumptions, notes=notes, device=device, lora=lora,
     )  # fmt: skip
 
 
-def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: int, strategy: str) -> list[MemoryLine]:
+def _lora_time_note(recipe: SealRecipe) -> str:
+    """What the time estimate keeps of full fine-tuning under LoRA."""
+    return ("LoRA: the training time counts full fine-tuning's backward (gradients of every weight), an upper bound: "
+            "the frozen layers need only their activations' gradients, about one forward-equivalent per token less"
+            + (f"; the KL reference (beta={recipe.grpo.beta:g}) is a forward of the same model with the adapters off."
+               if recipe.grpo.beta > 0 else "."))  # fmt: skip
+
+
+def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: int, strategy: str,
+                     lora: LoraPlan | None = None) -> list[MemoryLine]:  # fmt: skip
     """The training side's memory lines for one GPU at its peak (the start of the backward pass)."""
     g = recipe.grpo
     psi = shape.parameters
@@ -297,12 +316,24 @@ def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: 
     def over(divided: bool) -> str:
         return f"/{gpus}" if divided and gpus > 1 else ""
 
-    memory = [
-        MemoryLine(f"weights ({p.weight_bytes} bytes/param)", states.weights, f"{p.weight_bytes}Ψ{over(sharded)}"),
-        MemoryLine(f"gradients ({p.grad_bytes} bytes/param)", states.gradients, f"{p.grad_bytes}Ψ{over(strategy not in ('ddp', 'zero1'))}"),
-        MemoryLine(f"optimizer state (Adam, K={p.optimizer_bytes})", states.optimizer, f"{p.optimizer_bytes}Ψ{over(strategy != 'ddp')}"),
-    ]  # fmt: skip
-    if g.beta > 0:  # TRL keeps a frozen reference copy; DeepSpeed ZeRO-3 and FSDP shard it too
+    if lora is not None:  # unsharded (plain data parallel): every GPU holds all of it
+        phi = lora.trainable
+        memory = [
+            MemoryLine(f"frozen base weights ({p.weight_bytes} bytes/param)", psi * p.weight_bytes, f"{p.weight_bytes}Ψ, not trained"),
+            MemoryLine(f"LoRA adapters (rank {lora.rank}, float32)", phi * ADAPTER_BYTES, f"{ADAPTER_BYTES}Φ, Φ = {phi / 1e6:.1f} M"),
+            MemoryLine("adapter gradients (float32)", phi * ADAPTER_GRAD_BYTES, f"{ADAPTER_GRAD_BYTES}Φ"),
+            MemoryLine("optimizer state on the adapters (Adam)", phi * ADAPTER_ADAM_BYTES, f"{ADAPTER_ADAM_BYTES}Φ: float32 moments"),
+        ]  # fmt: skip
+        if lora.reference_adapter:  # TRL's frozen copy of the warm-started adapter; the base is shared
+            memory.append(MemoryLine("reference adapter (the warm-started one, frozen)", phi * ADAPTER_BYTES,
+                                     f"{ADAPTER_BYTES}Φ; the base is the policy's"))  # fmt: skip
+    else:
+        memory = [
+            MemoryLine(f"weights ({p.weight_bytes} bytes/param)", states.weights, f"{p.weight_bytes}Ψ{over(sharded)}"),
+            MemoryLine(f"gradients ({p.grad_bytes} bytes/param)", states.gradients, f"{p.grad_bytes}Ψ{over(strategy not in ('ddp', 'zero1'))}"),
+            MemoryLine(f"optimizer state (Adam, K={p.optimizer_bytes})", states.optimizer, f"{p.optimizer_bytes}Ψ{over(strategy != 'ddp')}"),
+        ]  # fmt: skip
+    if g.beta > 0 and lora is None:  # TRL keeps a frozen reference copy; DeepSpeed ZeRO-3 and FSDP shard it too
         reference = math.ceil(psi / (gpus if sharded else 1)) * p.weight_bytes
         memory.append(MemoryLine(f"reference model (beta={g.beta:g})", reference, f"{p.weight_bytes}Ψ{over(sharded)}"))
     if sharded:
@@ -320,8 +351,9 @@ def _training_memory(recipe: SealRecipe, shape: ModelShape, p: Precision, gpus: 
         memory.append(MemoryLine(f"tree attention: keys and values of {tokens.paths} branch(es)",
                                  tree_attention_bytes(shape, tokens, a, ckpt), f"paths x {tokens.path_tokens} x 2·kv_dim"
                                  + ("" if ckpt else " x L")))  # fmt: skip
-    memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)", lm_head_bytes(shape, b * completion, a, p.weight_bytes),
-                             f"{b} x {completion} completion tokens"))  # fmt: skip
+    memory.append(MemoryLine("LM-head log-probs (TRL fused kernel)",
+                             lm_head_bytes(shape, b * completion, a, p.weight_bytes, head_gradient=lora is None),
+                             f"{b} x {completion} completion tokens" + ("; frozen head: no weight gradient" if lora else "")))  # fmt: skip
     return memory
 
 

@@ -209,18 +209,20 @@ def tree_attention_bytes(shape: ModelShape, tokens: MicroBatchTokens, a: int, ch
     return per_layer * (1 if checkpointing else shape.num_layers)
 
 
-def lm_head_bytes(shape: ModelShape, completion_tokens: int, a: int, weight_bytes: int) -> int:
+def lm_head_bytes(shape: ModelShape, completion_tokens: int, a: int, weight_bytes: int, *, head_gradient: bool = True) -> int:
     """Peak of TRL 1.16's fused log-prob LM head (``trl/kernels/chunked_logprob.py``) for one micro-batch.
 
     It scores only completion tokens and never holds ``(tokens, vocab)`` logits: it saves the
     selected hidden states (a·h per token) and two float32 statistics (8), works on a
     4096 × 32768 tile, and its backward accumulates float32 gradients of the hidden states (4h per
-    token) and of the whole head matrix (4·V·h) before casting the latter to the weight dtype.
+    token) and of the whole head matrix (4·V·h) before casting the latter to the weight dtype. A
+    frozen head (LoRA: ``head_gradient=False``) gets no weight gradient (the kernel asks
+    ``ctx.needs_input_grad``), so only the hidden states' gradients remain.
     """
     h, v = shape.hidden_size, shape.vocab_size
     saved = completion_tokens * (a * h + 8)
     tile = min(completion_tokens, TRL_TOKEN_CHUNK) * min(v, TRL_VOCAB_CHUNK) * a
-    backward = completion_tokens * 4 * h + v * h * (4 + weight_bytes)
+    backward = completion_tokens * 4 * h + (v * h * (4 + weight_bytes) if head_gradient else 0)
     return saved + tile + backward
 
 

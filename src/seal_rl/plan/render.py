@@ -152,6 +152,7 @@ def _header(plan: Plan, hardware: str, budgets: str | None, per: str) -> list[st
            if s.num_experts > 1 else ""),
         f"hardware   {hardware}, strategy {plan.strategy}, {plan.precision.name}, "
         f"gradient checkpointing {'on' if plan.checkpointing else 'off'}",
+        *([_lora_line(plan)] if plan.lora is not None else []),
         f"sequence   prompt {plan.prompt_tokens} + completion {plan.completion_tokens} = {plan.longest_sequence} tokens at most",
         *([budgets] if budgets else []),
         f"batch      {plan.episodes} episodes per round ({plan.episodes // plan.gpus} {per}); micro-batch {plan.micro_batch}; "
@@ -159,6 +160,15 @@ def _header(plan: Plan, hardware: str, budgets: str | None, per: str) -> list[st
         f"optimizer steps per round {lay['updates_per_round']}",
         f"run        {plan.num_tasks} training tasks -> {plan.rounds} rounds, {plan.steps} optimizer steps",
     ]  # fmt: skip
+
+
+def _lora_line(plan: Plan) -> str:
+    """``model.lora``: the rank, what trains (count and share of Ψ) and what the KL reference is."""
+    lora, psi = plan.lora, plan.shape.parameters
+    reference = ("a frozen copy of the warm-started adapter on the same base" if lora.reference_adapter else
+                 "the same model with the adapters off (no copy of the weights)")  # fmt: skip
+    return (f"lora       rank {lora.rank} on {lora.targets}: Φ = {lora.trainable / 1e6:.1f} M trainable parameters "
+            f"({100 * lora.trainable / psi:.2f}% of Ψ); the KL reference is {reference}")
 
 
 def _memory_table(plan: Plan, title: str) -> list[str]:

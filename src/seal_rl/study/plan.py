@@ -50,7 +50,8 @@ def plan_arms(design: dict[str, Any], recipe_name: str, overrides: list[str]) ->
     shared = run_overrides(design, recipe_name, overrides)
 
     def planned(recipe: Any) -> Any:
-        return estimate(recipe, gpus=gpus, gpu_memory_gb=memory, strategy="zero3", assumptions=Assumptions())
+        return estimate(recipe, gpus=gpus, gpu_memory_gb=memory, strategy="ddp" if recipe.model.lora is not None else "zero3",
+                        assumptions=Assumptions())  # fmt: skip
 
     plans = []
     for arm, spec in design["arms"].items():
