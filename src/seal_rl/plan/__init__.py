@@ -20,6 +20,9 @@ and how the estimates compare with published figures. In short:
   with the same vLLM arithmetic, the other N − M GPUs train with no engine on them, and a round
   costs generation + update + weight sync in series (``staleness: 0``) or max(generation, update) +
   weight sync (``staleness >= 1``), next to the colocated plan on all N.
+* with ``model.lora`` only the adapters train (rank x (in + out) per adapted linear layer, in float32
+  with their gradients and Adam state), the base weights are frozen and the KL reference is the same
+  model with the adapters off (no copy), under plain data parallel only.
 
 ``device="cpu"`` plans a run on the host instead (what ``seal train`` checks on a machine without
 CUDA, :mod:`seal_rl.fit`): the same terms in host RAM, with the precision torch actually trains in on
@@ -27,7 +30,7 @@ CPU (no DeepSpeed mixed-precision master copy).
 
 The concepts: the model's shape (``shapes``: presets and ``config.json``); the memory and time
 model (``memory``: each memory term in bytes; ``estimate``: the :class:`Plan` of a recipe, with its
-run length and time per round); the micro-batch ``auto`` chooses (``micro_batch``); generation
+run length and time per round; ``lora``: what ``model.lora`` trains); the micro-batch ``auto`` chooses (``micro_batch``); generation
 servers on their own GPUs (``split``: the :class:`Split` of N GPUs into servers and trainers); and
 the rendering of the answer (``render``).
 """
