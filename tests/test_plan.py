@@ -749,3 +749,18 @@ def test_the_paper_recipe_with_lora_fits_one_80_gib_gpu_and_full_fine_tuning_doe
     assert "reference model" not in out and out.rstrip().splitlines()[-1].startswith("fits (")
     code, out, _ = _plan(monkeypatch, capsys, "--gpus", "1", "--gpu-memory", "80", "--strategy", "ddp")
     assert code == 1 and "lora " not in out and "reference model (beta=0.001)" in out
+
+
+def test_seal_train_chooses_a_lora_micro_batch_under_ddp_and_falls_back_to_a_group_otherwise():
+    """resolve_micro_batch (seal train, before the launch checks): adapters the plan cannot count, or a
+    DeepSpeed launch that seal train then refuses, take one group with no estimate instead of an error."""
+    from seal_rl.fit import Machine, resolve_micro_batch
+
+    recipe = load_recipe(PAPER, ["model.path=preset:qwen2.5-7b", "model.lora.rank=16"])
+    chosen, said = resolve_micro_batch(recipe, processes=1, num_tasks=400, machine=Machine("cuda", 1, 80.0))
+    assert chosen.grpo.per_device_train_batch_size == 8 and "no memory estimate" not in said
+    for machine, settings in ((Machine("cuda", 1, 80.0, strategy="zero3"), []),
+                              (Machine("cuda", 1, 80.0), ["model.lora.target_modules=[embed_tokens]"])):  # fmt: skip
+        chosen, said = resolve_micro_batch(load_recipe(PAPER, ["model.path=preset:qwen2.5-7b", "model.lora.rank=16", *settings]),
+                                           processes=1, num_tasks=400, machine=machine)  # fmt: skip
+        assert chosen.grpo.per_device_train_batch_size == 8 and "(one group; no memory estimate: " in said

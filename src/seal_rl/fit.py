@@ -252,6 +252,7 @@ def resolve_micro_batch(recipe: SealRecipe, *, processes: int, num_tasks: int, m
 
     Without an estimate (a model whose shape seal plan does not know) it takes the group size,
     where the batch arithmetic allows it."""
+    from seal_rl.plan.lora import lora_plan
     from seal_rl.plan.micro_batch import AUTO, choose_micro_batch, group_aligned_sizes, with_micro_batch
     from seal_rl.train.recipe import samples_per_task
 
@@ -264,6 +265,8 @@ def resolve_micro_batch(recipe: SealRecipe, *, processes: int, num_tasks: int, m
             machine = dataclasses.replace(machine, memory_gib=total / processes, name=f"CPU, {total:.1f} GiB of RAM in all")
     try:
         shape = recipe_shape(recipe)
+        if recipe.model.lora is not None:  # adapters the plan cannot count (or a launch seal train refuses next)
+            lora_plan(recipe.model.lora, shape, machine.strategy)
     except SealError as exc:
         sizes = group_aligned_sizes(recipe, processes)
         size = next((b for b in sizes if b <= samples_per_task(recipe)), sizes[-1])
