@@ -104,7 +104,6 @@ class Tau2Family(Family):
         self._user = user if isinstance(user, Player) else None
         self._user_policy = None if user is None or isinstance(user, Player) or user == "oracle" else _user_policy(user)
         self._closing, self._user_lock = ExitStack(), threading.Lock()
-        self.user_timeout = user_timeout
         self.user_settings = ModelSettings(temperature=user_temperature, max_new_tokens=user_max_new_tokens, timeout=user_timeout)
         self.max_steps, self.max_errors, self.seed = max_steps, max_errors, seed
         known = splits(self.tau2, domain)
@@ -158,8 +157,7 @@ class Tau2Family(Family):
         with self._user_lock:
             if self._user is None:
                 try:
-                    self._user = self._closing.enter_context(user_player(self.user_spec, timeout=self.user_timeout,
-                                                                         settings=self.user_settings))
+                    self._user = self._closing.enter_context(user_player(self.user_spec, self.user_settings))
                 except SealError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a model that cannot load is one line, not a traceback

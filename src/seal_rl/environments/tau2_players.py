@@ -128,7 +128,7 @@ def players(agent_spec: str, user_spec: str | None, settings: Any, *, prompt_mod
 
 
 @contextmanager
-def user_player(spec: str, *, timeout: float, settings: Any = None) -> Iterator[Player]:
+def user_player(spec: str, settings: Any = None) -> Iterator[Player]:
     """A training family's simulated user (``family_settings.user``) for the duration: ``oracle``, an
     ``openai:MODEL@URL`` server, or a local ``hf:`` / ``vllm:`` model loaded here and served to litellm.
     ``settings``: the user's :class:`~seal_rl.evaluate.ModelSettings` (default: τ²'s temperature 0)."""
@@ -144,7 +144,7 @@ def user_player(spec: str, *, timeout: float, settings: Any = None) -> Iterator[
         raise SealError("family_settings.user 'oracle' takes no options.")
     if isinstance(policy, ServerPolicy):
         args = {"api_base": policy.url, "api_key": os.environ.get(settings.api_key_env) or "EMPTY",
-                "temperature": settings.temperature, "timeout": timeout, "max_tokens": settings.max_new_tokens}  # fmt: skip
+                "temperature": settings.temperature, "timeout": settings.timeout, "max_tokens": settings.max_new_tokens}  # fmt: skip
         yield Player(spec, llm=f"openai/{policy.model}", llm_args=args)
         return
     engine = _local_engine("user", spec, policy, settings, EnvConfig(), settings.temperature, None, True, {})
