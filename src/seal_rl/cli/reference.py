@@ -34,6 +34,10 @@ HELP_WIDTH = 100
 """terminal columns the CLI reference's help text is laid out for (fixed, so the page is deterministic)"""
 TOP_LEVEL = "Top-level keys"
 """the heading of the recipe's own keys (every other block's heading is its dotted path)"""
+A_BLOCK = object()
+"""the default shown for a key that opens a block of its own (its keys have the defaults)"""
+REQUIRED = "???"
+"""OmegaConf's mark of a key the recipe must set (``MISSING``)"""
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -67,7 +71,6 @@ class Block:
     """One block of the recipe (a dataclass), at its dotted path ('' for the recipe itself)."""
 
     path: str
-    cls: type
     keys: tuple[Key, ...]
     doc: str | None
     """the block's own description: its field's docstring in the parent, else its class docstring"""
@@ -128,13 +131,18 @@ def blocks(cls: type, sections: dict[str, type] | None = None, path: str = "", d
         if nested is not None or section is not None:
             below += blocks(nested or section, sections, dotted, docs.get(f.name), is_list,
                             default if section is not None else None)  # fmt: skip
-            default = default if is_list or (default is None and section is None) else dataclasses.MISSING
+            default = default if is_list or default is None else A_BLOCK  # a list's items, or model.lora's null
             keys.append(Key(f.name, str(f.type), default, docs.get(f.name), dotted))
         else:
             keys.append(Key(f.name, str(f.type), default, docs.get(f.name)))
-    own = inspect.getdoc(cls) if "__doc__" in vars(cls) and not vars(cls)["__doc__"].startswith(cls.__name__ + "(") else None
-    about = " ".join(dict.fromkeys(d.rstrip(".") + "." for d in (doc, own) if d))
-    return [Block(path, cls, tuple(keys), about[:1].upper() + about[1:] or None, items), *below]
+    about = " ".join(dict.fromkeys(d.rstrip(".") + "." for d in (doc, _class_doc(cls)) if d))
+    return [Block(path, tuple(keys), (about[:1].upper() + about[1:]) or None, items), *below]
+
+
+def _class_doc(cls: type) -> str | None:
+    """A class's own docstring (not the signature ``dataclass`` writes when it has none)."""
+    doc = vars(cls).get("__doc__")
+    return None if not doc or doc.startswith(cls.__name__ + "(") else inspect.cleandoc(doc)
 
 
 def missing_docstrings(cls: type, sections: dict[str, type] | None = None) -> list[str]:
@@ -154,9 +162,9 @@ def _cell(text: str) -> str:
 
 def _value(value: Any) -> str:
     """A default as it is written in YAML, as a Markdown table cell."""
-    if value is dataclasses.MISSING:
+    if value is A_BLOCK:
         return "(a block)"
-    if value == "???":
+    if value == REQUIRED:
         return "required"
     if value is None or isinstance(value, bool):
         text = {None: "null", True: "true", False: "false"}[value]
@@ -173,6 +181,7 @@ def _anchor(path: str) -> str:
 
 
 def _block_page(block: Block) -> list[str]:
+    """One block's heading (its dotted path), description and table of keys."""
     title = block.path or TOP_LEVEL
     lines = [f"## {title}", ""]
     if block.doc:
