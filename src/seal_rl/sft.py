@@ -78,7 +78,7 @@ class SFTSettings:
     warmup_steps: int = 0
     """optimizer steps of the learning-rate warm-up"""
     num_train_epochs: float = 2.0
-    """passes over the warm-start samples; ``max_steps`` overrides it"""
+    """passes over the warm-start samples; a positive ``max_steps`` overrides it"""
     max_steps: int = -1
     """optimizer steps; -1: from epochs"""
     per_device_train_batch_size: int = 1

@@ -42,7 +42,7 @@ from seal_rl.train.samples import REWARDS
 class ModelConfig:
     path: str = MISSING
     """a local model directory (weights are never downloaded at run time), or ``tiny`` for a random
-    tiny Qwen2 model built into the run directory (smoke runs and tests)"""
+    tiny Llama-architecture model built into the run directory (smoke runs and tests)"""
     tiny_vocab_size: int = 4096
     """``tiny``: vocabulary size of the byte-level tokenizer the tiny model's builder trains on BFCL's text"""
     tiny_hidden_size: int = 64
@@ -97,8 +97,8 @@ class GRPOSettings:
     lr_scheduler_type: str = "constant"
     """transformers' learning-rate schedule (``constant``, ``linear``, ``cosine``, ...) [constant]"""
     num_train_epochs: float = 6.0
-    """passes over the training tasks, ``tasks_per_step`` tasks a round (400 tasks at 32 a round: 12
-    rounds an epoch) [6]; ``max_steps`` overrides it"""
+    """passes over the training tasks, ``tasks_per_step`` tasks a round [6]; a positive ``max_steps``
+    overrides it"""
     max_steps: int = -1
     """optimizer steps; -1: from epochs"""
     beta: float = 0.001
