@@ -11,7 +11,7 @@ DeepSpeed plugin, saves the full model from every rank (``zero3_save_16bit_model
 (or ``accelerate launch --num_processes 2 tests/deepspeed_cpu_probe.py OUT_DIR``; the plugin is
 built here, so no DeepSpeed flags are needed). ``--ds-adam`` uses DeepSpeed's own optimizer from
 the config (its CPU op is JIT-compiled with the system C++ compiler) instead of torch's AdamW.
-See docs/deepspeed-cpu.md for versions and timings.
+See docs/guides/deepspeed-cpu.md for versions and timings.
 """
 
 from __future__ import annotations

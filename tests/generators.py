@@ -12,7 +12,7 @@ from seal_rl.tools import ToolCall, get_format
 from seal_rl.verify import ground_truth_calls
 
 INVENTORY = str(Path(__file__).resolve().parents[1] / "examples" / "families" / "inventory.py") + ":Inventory"
-"""the example family (docs/environments.md)"""
+"""the example family (docs/guides/your-environment.md)"""
 
 
 class OracleMix:

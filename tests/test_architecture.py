@@ -1,4 +1,4 @@
-"""Imports point down the layers of docs/architecture.md (lazy imports inside functions included).
+"""Imports point down the layers of docs/concepts/architecture.md (lazy imports inside functions included).
 
 Each layer lists its modules bottom-up; a module may import the modules listed before it, in its
 own layer or a lower one, and the modules of its own package. Every module belongs to one entry,
@@ -29,7 +29,7 @@ def unit(module: str) -> str:
     if module in ORDER:
         return module
     owners = [entry for entry in ORDER if entry != "seal_rl" and module.startswith(entry + ".")]
-    assert len(owners) == 1, f"{module} is in no layer of tests/test_architecture.py (and docs/architecture.md); place it"
+    assert len(owners) == 1, f"{module} is in no layer of tests/test_architecture.py (and docs/concepts/architecture.md); place it"
     return owners[0]
 
 
@@ -61,10 +61,10 @@ def test_imports_point_down_the_layers():
 def test_the_layers_are_the_documented_ones():
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "concepts" / "architecture.md").read_text()
     for layer, names in LAYERS:
         line = next((line for line in doc.splitlines() if line.startswith(f"| {layer} |")), None)
-        assert line is not None, f"docs/architecture.md has no row for layer {layer!r}"
+        assert line is not None, f"docs/concepts/architecture.md has no row for layer {layer!r}"
         assert [n.strip("`/ ") for n in line.split("|")[2].split(",")] == names, line
 
 

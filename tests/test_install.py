@@ -62,7 +62,7 @@ def test_the_wheel_works_outside_the_checkout(tmp_path):
     assert not (ROOT / "train").exists() and not (ROOT / "eval").exists()
 
 
-# A GPU image's own builds (docs/gpu.md: the lent H100/H200 machines run torch 2.11.0+cu130 and
+# A GPU image's own builds (docs/guides/gpu.md: the lent H100/H200 machines run torch 2.11.0+cu130 and
 # transformers 5.17.0), in range for the `train` extra but not the lock's versions.
 BESIDE = {"torch": "2.11.0", "transformers": "5.17.0"}
 INDEX = "https://pypi.org/simple"

@@ -1,4 +1,4 @@
-"""The environment as an OpenEnv environment (``seal serve-openenv``, docs/integrations.md), in a
+"""The environment as an OpenEnv environment (``seal serve-openenv``, docs/guides/integrations.md), in a
 real server process, played by OpenEnv's own clients: our typed ``EnvClient`` and OpenEnv's
 ``GenericEnvClient`` (plain dicts, no seal-rl code on the client side). Ground-truth episodes get
 reward 1 wherever the oracle passes locally, and the final observation carries the verdict and the

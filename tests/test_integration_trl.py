@@ -1,5 +1,5 @@
 """TRL's own GRPOTrainer on BFCL multi-turn through :class:`seal_rl.integrations.trl.BfclRollout`
-(docs/integrations.md): the example script trains a warm-started model for a round with TRL's
+(docs/guides/integrations.md): the example script trains a warm-started model for a round with TRL's
 unmodified trainer and sees reward spread, non-zero advantages and moving weights; the samples
 it hands TRL are the episode, token-exact; a prompt that names no task is refused clearly."""
 

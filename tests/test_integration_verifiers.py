@@ -1,4 +1,4 @@
-"""The environment as a verifiers environment (``seal-bfcl``, docs/integrations.md), played by
+"""The environment as a verifiers environment (``seal-bfcl``, docs/guides/integrations.md), played by
 verifiers' own evaluation: ``vf-eval`` in a real process, and its runner in-process, with its
 ``null`` harness's chat program on the local runtime, against an OpenAI-compatible chat server on
 loopback that plays scripted replies. The same server plays the same replies to ``seal eval``; both

@@ -89,7 +89,7 @@ def test_grpo_moves_probability_toward_rewarded_completions(learned):
     assert {r["reward"] for r in rows} == {0.0, 1.0}  # real signal: every group has a success and a failure
     assert all(abs(r["advantage_after"]) > 0.5 for r in rows)
     # Measured at these seeds: the margin grows by ~3 nats per token; with the advantages' sign
-    # flipped it shrinks by as much (see docs/training.md, "Does it learn?").
+    # flipped it shrinks by as much (see docs/results/learning.md).
     assert _margin(after) - _margin(before) > 1.0, (before, after)
     for task in TASKS:  # and on each task, both ways: rewarded up, unrewarded down
         assert after[(task, "oracle")] > before[(task, "oracle")] + 0.3

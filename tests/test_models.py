@@ -77,8 +77,8 @@ def _leftovers(cache: Path) -> list[str]:
 
 
 def test_catalogue_pins_the_issue_hashes():
-    """The pins are data, checked against the values published in docs/models.md."""
-    doc = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    """The pins are data, checked against the values published in docs/guides/models.md."""
+    doc = (Path(__file__).parent.parent / "docs" / "guides" / "models.md").read_text()
     for card in models.CATALOGUE.values():
         assert card.gguf_sha256 in doc and f"{card.gguf_bytes:,}" in doc
         for part in card.parts:

@@ -373,7 +373,7 @@ def test_too_few_file_descriptors_for_max_connections_is_a_one_line_error(monkey
 def test_every_setting_is_documented_with_its_default():
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "service.md").read_text()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "service.md").read_text()
     rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2].strip() for line in doc.splitlines() if line.startswith("| `")}
     for name, field in ServiceSettings.model_fields.items():
         if name in ("host", "port", "workers", "token"):
@@ -381,7 +381,7 @@ def test_every_setting_is_documented_with_its_default():
         documented = rows.get(f"SEAL_{name.upper()}") or rows.get(f"--{name.replace('_', '-')}")
         if name == "family_settings":  # a dict: documented by its flag, --family-set
             documented = rows.get("--family-set")
-        assert documented is not None, f"SEAL_{name.upper()} is not in docs/service.md"
+        assert documented is not None, f"SEAL_{name.upper()} is not in docs/guides/service.md"
         if not isinstance(field.default, (int, float)) or field.default is None:
             assert documented.strip("`") == (field.default if isinstance(field.default, str) else "none"), name
             continue

@@ -1,4 +1,4 @@
-"""``seal study`` (src/seal_rl/study/, docs/study.md) on the tiny model: a study of 2 arms x 2 seeds x 2
+"""``seal study`` (src/seal_rl/study/, docs/guides/preflight-and-studies.md) on the tiny model: a study of 2 arms x 2 seeds x 2
 rounds trains every arm, measures it on held-out and test tasks and writes the table and the page; a
 stopped study resumes without redoing finished runs and goes on from its records; ``--report`` reads a
 study in progress; a bad study file is one line and starts nothing; the second CPU study's committed

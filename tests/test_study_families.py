@@ -1,4 +1,4 @@
-"""``seal study`` on an environment family (docs/study.md, docs/environments.md): a tiny real study of
+"""``seal study`` on an environment family (docs/guides/preflight-and-studies.md, docs/guides/your-environment.md): a tiny real study of
 2 arms x 1 seed x 2 rounds on ``examples/families/inventory.py`` trains both arms, validates them on
 the family's held-out tasks under the seal protocol, tests them with ``seal eval --family`` (the
 family's verifier scores every test episode), records them and writes a page that says what scored

@@ -624,7 +624,7 @@ def test_seal_metrics_reach_tensorboard_and_trl_metrics_reach_metrics_jsonl(tiny
 
     out = tmp_path / "tb"
     train(_recipe(tiny_path, **{"grpo.report_to": "[tensorboard]"}), out)
-    events = EventAccumulator(str(out / "tensorboard"))  # where docs/training.md says, not checkpoints/runs/
+    events = EventAccumulator(str(out / "tensorboard"))  # where docs/guides/train.md says, not checkpoints/runs/
     events.Reload()
     tags = set(events.Tags()["scalars"])
     for name in ("seal/rollout/reward_mean", "seal/rollout/groups_zero_variance", "seal/apatch/scale_mean",

@@ -257,7 +257,7 @@ def test_seal_eval_vllm_ends_episodes_at_the_models_context_instead_of_failing(t
     """vLLM refuses a prompt longer than its ``max_model_len`` (the model's context unless set), and
     ``seal eval``'s budgets (no prompt cap, 8192 tokens after it) do not stop an episode there: a
     test in the TradingBot study exited 1 on "This model's maximum context length is 8192 tokens"
-    (docs/real-study.md). With a 1,024-token model, an opening prompt of 1,373 tokens and a
+    (docs/results/real-study.md). With a 1,024-token model, an opening prompt of 1,373 tokens and a
     six-turn episode that outgrows the window must both end with ``context_window``, and the run
     must finish."""
     from seal_rl.tiny import build_tiny_model

@@ -1,4 +1,4 @@
-"""Generation servers on vLLM's real CPU build (``generator: server``, docs/training.md).
+"""Generation servers on vLLM's real CPU build (``generator: server``, docs/guides/servers.md).
 
 A real ``seal rollout-server`` (``python -m vllm.entrypoints.openai.api_server`` with seal's worker
 extension, dev routes and processed log-probabilities) serves the one-head tiny model; the trainer
