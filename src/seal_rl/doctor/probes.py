@@ -9,6 +9,7 @@ measures is told in :mod:`seal_rl.doctor.gpu_check`'s docstring.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
