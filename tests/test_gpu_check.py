@@ -1,5 +1,5 @@
-"""The GPU check's CPU mode (``benchmarks/gpu_check.py --cpu``) runs every check to a real result, so
-the script a GPU window depends on cannot rot between windows. Figures are checked for being real
+"""The GPU check at CPU shapes (``seal doctor --gpu --cpu-shapes``) runs every check to a real result, so
+the check a GPU window depends on cannot rot between windows. Figures are checked for being real
 (non-zero advantages, finite log-probability differences, positive throughputs, the plan's
 estimates present), never for their size: timings are the GPU's business."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_check
+from seal_rl.doctor import check_figures, gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ["environment", "prefix_tree_fp32", "prefix_tree_bf16", "train_round", "update", "generate", "server_round"]
@@ -20,7 +20,7 @@ CHECKS = ["environment", "prefix_tree_fp32", "prefix_tree_bf16", "train_round", 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    done = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--cpu", "--out", str(out)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "seal_rl", "doctor", "--gpu", "--cpu-shapes", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert (out / "gpu_check.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "gpu_check.log").stat().st_size > 0
@@ -80,14 +80,14 @@ def test_generation_is_timed_against_the_plan(result):
 
 def _runner_check(code: str) -> gpu_check.Check:
     """A check whose process runs ``code``, its figures read as the child checks' are."""
-    command = lambda args, work: ([sys.executable, "-c", code], {})  # noqa: E731
-    return gpu_check.Check("probe", (5, 5), command, gpu_check._child_figures("probe"), lambda f: "")
+    command = lambda cpu, work: ([sys.executable, "-c", code], {})  # noqa: E731
+    return gpu_check.Check("probe", (5, 5), command, check_figures.child_figures("probe"), lambda f: "")
 
 
 def test_a_failing_check_is_reported_with_its_output(tmp_path):
     check = _runner_check("print('CUDA out of memory, say'); raise SystemExit(3)")
     with open(tmp_path / "log", "w") as log:
-        outcome = gpu_check.run_check(check, None, tmp_path, timeout=60, log=log)
+        outcome = gpu_check.run_check(check, True, tmp_path, timeout=60, log=log)
     assert outcome.status == "failed" and "exit status 3" in outcome.error and "CUDA out of memory" in outcome.error
     assert "CUDA out of memory" in (tmp_path / "log").read_text()
 
@@ -95,6 +95,6 @@ def test_a_failing_check_is_reported_with_its_output(tmp_path):
 def test_a_hanging_check_is_killed_at_its_timeout(tmp_path):
     check = _runner_check("import time; print('started', flush=True); time.sleep(60)")
     with open(tmp_path / "log", "w") as log:
-        outcome = gpu_check.run_check(check, None, tmp_path, timeout=2, log=log)
+        outcome = gpu_check.run_check(check, True, tmp_path, timeout=2, log=log)
     assert outcome.status == "timeout" and outcome.seconds < 30, outcome
     assert "started" in outcome.error

@@ -2,7 +2,7 @@
 
 This module assembles the application from the command groups: ``catalogue`` (``seal tasks``,
 ``seal models``, ``seal templates``), ``evaluation`` (``eval``, ``export-bfcl``, ``report``, ``compare``,
-``diagnose``), ``training`` (``train``, ``plan``, ``preflight``, ``sft``), ``study`` (``seal study``) and ``serve``; ``console`` holds what
+``diagnose``), ``training`` (``train``, ``plan``, ``preflight``, ``sft``), ``study`` (``seal study``), ``serve`` and ``doctor`` (``seal doctor``); ``console`` holds what
 they share. :func:`entry` is the console script.
 """
 
@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from seal_rl import __version__
 from seal_rl.bfcl import BFCL_VERSION
-from seal_rl.cli import catalogue, evaluation, serve, study, training
+from seal_rl.cli import catalogue, doctor, evaluation, serve, study, training
 from seal_rl.cli.console import err, out
 from seal_rl.errors import SealError, SealWarning
 from seal_rl.extras import missing_extra_message
@@ -59,6 +59,7 @@ app.command("diagnose")(evaluation.diagnose_command)
 app.command("serve")(serve.serve_command)
 app.command("serve-openenv")(serve.serve_openenv_command)
 app.command("rollout-server")(serve.rollout_server_command)
+app.command("doctor")(doctor.doctor_command)
 
 
 def entry() -> None:
