@@ -117,6 +117,49 @@ def test_pushed_weights_reach_the_engine_after_every_sync(engine, tiny64):
         assert _engine_greedy(engine) == expected
 
 
+def _engine_logprobs(llm, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """The engine's log-probabilities of ``tokens`` after ``prompt`` (its prompt log-probabilities)."""
+    from vllm import SamplingParams
+
+    output = llm.generate([{"prompt_token_ids": prompt + tokens}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    return torch.tensor([output.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(tokens)])
+
+
+def test_a_lora_policy_reaches_the_engine_merged_through_trls_sync(engine, tiny64):
+    """``model.lora`` under TRL's colocated engine: ``seal train`` installs the merged-weight sync
+    (:func:`seal_rl.train.lora.install_merged_sync`) and the CPU reload
+    (:func:`seal_rl.generators.vllm_cpu.install_weight_sync`) on TRL's ``VLLMGeneration``. After
+    each of two adapter changes and syncs, the engine's log-probabilities equal the PEFT model's
+    (adapters on), they did not before the sync, and the PEFT model's base weights are untouched."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from seal_rl.generators import vllm_cpu
+    from seal_rl.train.lora import LoraSettings, install_merged_sync, peft_config
+
+    base = AutoModelForCausalLM.from_pretrained(tiny64, dtype=torch.float32).eval()
+    model = get_peft_model(base, peft_config(LoraSettings(rank=8), base))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    generation = VLLMGeneration.__new__(VLLMGeneration)  # TRL's own class and name mapping; its engine is the shared one
+    generation.mode, generation.llm, generation.model = "colocate", engine, model
+    assert install_merged_sync(generation) and vllm_cpu.install_weight_sync(generation)
+    prompt, tokens = PROMPTS[0], [11, 12, 13, 14, 15, 16, 17, 18]
+    for step in range(2):
+        generator = torch.Generator().manual_seed(step)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:  # what an update does to a fresh adapter (B starts at zero)
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+            logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        expected = logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+        assert (_engine_logprobs(engine, prompt, tokens) - expected).abs().max() > 0.1  # the check has teeth
+        generation.sync_weights()
+        engine.reset_prefix_cache()
+        assert (_engine_logprobs(engine, prompt, tokens) - expected).abs().max() < 1e-3
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if "lora_" not in n)
+
+
 def _generator(engine, tiny64, temperature: float):
     from transformers import AutoTokenizer
 
