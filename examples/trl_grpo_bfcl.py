@@ -15,7 +15,7 @@ With a real model on a GPU (TRL's colocated vLLM engine generates the episodes):
 
 Each round prints a line (success, zero-variance groups, labels, interface); the episodes with
 their verdict and diagnosis go to OUT/rollouts/trajectories.jsonl, TRL's logs to OUT/log.jsonl.
-docs/integrations.md explains the options.
+docs/guides/integrations.md explains the options.
 """
 
 from __future__ import annotations

@@ -147,3 +147,17 @@ def test_every_page_is_in_the_nav():
     assert "index.md" in nav and "reference/recipe.md" in nav
     missing = [page for page in _PAGES if page not in nav]
     assert not missing, f"pages missing from mkdocs.yml's nav: {missing}"
+
+
+_DOC_PAGE = re.compile(r"docs/[\w/-]+\.md")
+
+
+def test_every_docs_page_the_code_names_exists():
+    """Docstrings, help texts, recipe comments, make targets and benchmarks name docs pages by path;
+    a page that moves or goes must take those mentions with it."""
+    files = [ROOT / "Makefile", ROOT / ".ci" / "run", ROOT / "pyproject.toml",
+             *(p for folder in ("src", "configs", "benchmarks", "examples", "tests") for p in (ROOT / folder).rglob("*")
+               if p.suffix in {".py", ".yaml", ".toml", ".md"} and p.is_file())]  # fmt: skip
+    missing = {f"{path.relative_to(ROOT)}: {page}" for path in files for page in _DOC_PAGE.findall(path.read_text(errors="replace"))
+               if not (ROOT / page).exists()}  # fmt: skip
+    assert not missing, sorted(missing)

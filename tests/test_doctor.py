@@ -1,5 +1,5 @@
 """``seal doctor`` prints this machine's facts, each checked here against a source of its own: torch's
-``__version__``, ``/proc/cpuinfo``'s name and flags, the hashes docs/models.md publishes, and a model
+``__version__``, ``/proc/cpuinfo``'s name and flags, the hashes docs/guides/models.md publishes, and a model
 store written by the test. ``--gpu`` without a GPU is one line and exit status 2."""
 
 import importlib.util
@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CPUINFO = Path("/proc/cpuinfo")
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-"""docs/models.md's published hash of SmolLM2's GGUF file"""
+"""docs/guides/models.md's published hash of SmolLM2's GGUF file"""
 QWEN_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-"""docs/models.md's published hash of Qwen2.5-Coder-0.5B's GGUF file"""
+"""docs/guides/models.md's published hash of Qwen2.5-Coder-0.5B's GGUF file"""
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 

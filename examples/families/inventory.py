@@ -1,6 +1,6 @@
 """A whole environment family in one file: a warehouse with shelves, a user, and a verifier.
 
-Train SEAL on it (docs/environments.md):
+Train SEAL on it (docs/guides/your-environment.md):
 
     seal train --config smoke-cpu --set family=examples/families/inventory.py:Inventory
 

@@ -19,7 +19,7 @@ limit ended it:
   ``max_new_tokens``;
 * ``max_model_calls``, ``max_steps_per_turn``, ``observation_budget``, ... — an environment limit.
 
-``seal plan`` and ``seal train`` print :func:`summary_line` of the count (docs/planning.md).
+``seal plan`` and ``seal train`` print :func:`summary_line` of the count (docs/guides/planning.md).
 Measured on 2 cores: the 400 training tasks in 5 s with the tiny model's tokenizer, 13 s with
 SmolLM2-135M's.
 """

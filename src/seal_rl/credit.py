@@ -12,7 +12,7 @@ Each model token of turn k in episode g is then trained with
 where A_g is TRL's group advantage of the episode, w_g its A-Patch weight (SEAL Eq. 12), Ã(g, k)
 the turn advantage, ω the recipe's ``credit_weight`` and v(z) the A-Patch weight of turn k's own
 label: Eq. 11 on a trajectory of that one turn, clip(ρ(z_{g,k}), w_min, w_max), so SEAL's
-per-turn labels weight the per-turn term (docs/training.md, "Turn-level credit"). With ω = 0 the
+per-turn labels weight the per-turn term (docs/concepts/credit.md, "Turn-level credit"). With ω = 0 the
 advantages are exactly those of ``credit: episode``.
 
 Everything here is pure Python on lists; the trainer turns the result into TRL's ``[B, T]`` tensor.

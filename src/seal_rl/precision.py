@@ -4,7 +4,7 @@ bfloat16 mixed precision (``grpo.bf16``, ``warm_start.sft.bf16``), ``auto`` reso
 One rule for both: bfloat16 is used where the device computes it natively — a CUDA GPU, or a CPU that
 reports AMX-BF16 or AVX512-BF16 — and float32 otherwise. Without those instructions torch's bfloat16
 matrix products run through converting fallbacks: on an AVX2-only AMD EPYC one `seal eval` episode of
-Qwen2.5-Coder-0.5B took 13 min 17 s in bfloat16 and 3 min 59 s in float32 (issue 57, docs/evaluation.md).
+Qwen2.5-Coder-0.5B took 13 min 17 s in bfloat16 and 3 min 59 s in float32 (issue 57, docs/guides/evaluate.md).
 
 On a GPU, bf16 is TRL's (transformers') mixed precision. On a CPU it is torch's CPU autocast with
 float32 master weights, which pays only where the CPU has bfloat16 matrix instructions.

@@ -7,7 +7,7 @@ that prompt once per sample. Here the samples of a micro-batch become one **pref
 sample is a path from the root, each node a run of tokens (a *segment*) that a set of samples share,
 and the tree is packed into one row ``[root | segment | segment | ...]`` that the model forwards once.
 
-Exactness (docs/training.md, "Shared-prefix updates"): a token's hidden state depends on the tokens
+Exactness (docs/results/update.md, "Shared-prefix updates"): a token's hidden state depends on the tokens
 before it on its own path and on nothing else, so it is the same wherever that path is forwarded.
 Three things make the packed row compute exactly that:
 

@@ -1,6 +1,6 @@
-"""``seal preflight``: whether a recipe's run can learn, checked before it is spent (docs/preflight.md).
+"""``seal preflight``: whether a recipe's run can learn, checked before it is spent (docs/guides/preflight-and-studies.md).
 
-What small GRPO runs die of is visible in their first round (docs/real-study.md): groups whose
+What small GRPO runs die of is visible in their first round (docs/results/real-study.md): groups whose
 rewards are all equal (GRPO's A = (r − mean(r)) / std(r) is 0 there, and A-Patch's w·A too, Eq. 12),
 an interface that costs the model its tool-call format, ground truths that do not fit the budgets,
 and a recipe that does not fit the machine. Each check here is a :class:`Check` — a verdict

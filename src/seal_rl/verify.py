@@ -392,7 +392,7 @@ def turn_local_passes(
     Not a reward and not the official check (:func:`verify`): a counterfactual for analysis. The
     official check compares the whole state with the ground truth's, so after one failed turn every
     later turn inherits its differences; this one tells whether the later turns were right on their
-    own (docs/real-study.md). Where the turns before k are the ground truth's, the two agree.
+    own (docs/results/real-study.md). Where the turns before k are the ground truth's, the two agree.
     """
     world = BackendWorld(long_context=task.long_context)
     model = Backends(task, world)  # the model's calls, executed turn by turn as in the episode

@@ -29,8 +29,8 @@ from seal_rl.tools import FORMATS
 def eval_command(
     policy: Annotated[str, typer.Option("--policy", "-p", help="oracle | oracle:faults=P,seed=S | replay:FILE.jsonl | bfcl-result:PATH[#fc|#hermes|#pythonic] | hf:MODEL_DIR | vllm:MODEL_DIR | openai:MODEL@URL")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory for results.jsonl and summary.json (re-run the same command to resume).")],
-    benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, BFCL V4 memory (bfcl-eval's memory backends and checker), or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/ood.md).")] = "bfcl",
-    family: Annotated[str, typer.Option(help="An environment family played through training's own episodes (seal protocol): tau2-DOMAIN or path/to/file.py:Class (docs/environments.md); bfcl (default): --benchmark decides.")] = "bfcl",
+    benchmark: Annotated[str, typer.Option(help=f"{', '.join(BENCHMARKS)}: BFCL multi-turn, BFCL V4 memory (bfcl-eval's memory backends and checker), or a τ²-bench domain run by τ²'s own orchestrator and evaluator (docs/guides/ood.md).")] = "bfcl",
+    family: Annotated[str, typer.Option(help="An environment family played through training's own episodes (seal protocol): tau2-DOMAIN or path/to/file.py:Class (docs/guides/your-environment.md); bfcl (default): --benchmark decides.")] = "bfcl",
     family_set: FamilySetOption = None,
     user: Annotated[str | None, typer.Option("--user", help="τ²: the user simulator, as --policy (hf:, vllm:, openai:; oracle with the oracle agent), τ²'s own prompt and guidelines.")] = None,
     trials: Annotated[int, typer.Option(help="τ²: conversations per task (pass^k for k = 1..trials).")] = 1,
@@ -39,9 +39,9 @@ def eval_command(
     split: Annotated[str | None, typer.Option(help="train, test or all (default: test); τ²: its own split names (train, test, base, ...); bfcl-memory: scenarios, comma-separated (customer, finance, healthcare, notetaker, student; default all).")] = None,
     category: Annotated[list[str] | None, typer.Option("--category", "-c", help=f"Only this category (repeatable): {', '.join(CATEGORIES)}; bfcl-memory: the memory backend, kv or rec_sum (default both).")] = None,
     tasks: Annotated[str | None, typer.Option("--tasks", help="Comma-separated task ids (instead of --split).")] = None,
-    call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}, or auto (the model's template family decides; docs/models.md).")] = "hermes",
+    call_format: Annotated[str, typer.Option("--format", help=f"Tool-call format: {', '.join(FORMATS)}, or auto (the model's template family decides; docs/guides/models.md).")] = "hermes",
     prompt_mode: Annotated[str, typer.Option(help=f"Prompt mode: {', '.join(PROMPT_MODES)}, or auto.")] = "bfcl_qwen_fc",
-    protocol: Annotated[str, typer.Option(help="bfcl: the official `bfcl generate` loop (leaderboard numbers); seal: the released SEAL code's loop (as the paper trained). See docs/environment.md.")] = "bfcl",
+    protocol: Annotated[str, typer.Option(help="bfcl: the official `bfcl generate` loop (leaderboard numbers); seal: the released SEAL code's loop (as the paper trained). See docs/concepts/environment.md.")] = "bfcl",
     max_model_calls: Annotated[int, typer.Option(help="seal protocol: model messages per episode before truncation.")] = 20,
     max_steps_per_turn: Annotated[int, typer.Option(help="bfcl protocol: executing steps per user turn before force-termination.")] = 20,
     samples: Annotated[int, typer.Option(help="Play every task K times (pass@k, variance); use --temperature > 0.")] = 1,
@@ -52,9 +52,9 @@ def eval_command(
     max_thinking_tokens: Annotated[int, typer.Option(help="hf/vllm: longest reasoning of one message; a message still reasoning past it ends the episode (0 = no cap).")] = 0,
     seed: Annotated[int | None, typer.Option(help="Model policies: sampling seed (default 0); τ²: the run seed each trial's seed is drawn from (default: τ²'s 300).")] = None,
     concurrency: Annotated[int, typer.Option(help="Episodes played at once.")] = 8,
-    prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/evaluation.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
-    rollout_scheduler: Annotated[str, typer.Option(help="hf:/vllm:: continuous (each episode's next message starts as soon as it has stepped), lockstep (ticks: every episode waits for the slowest message), or auto (continuous where the engine can; docs/evaluation.md).")] = "auto",
-    dtype: Annotated[str, typer.Option(help="hf:/vllm: the dtype the weights load in: auto (the checkpoint's where the device computes bfloat16 natively — a GPU, a CPU with AMX-BF16 or AVX512-BF16 — float32 on other CPUs; recorded, kept on resume), float32, bfloat16 or float16 (always wins). docs/evaluation.md.")] = "auto",
+    prefix_cache_tokens: Annotated[int, typer.Option(help="hf: tokens of prompt KV states kept so later calls only read their new tokens (0 = off; docs/guides/evaluate.md).")] = DEFAULT_PREFIX_CACHE_TOKENS,
+    rollout_scheduler: Annotated[str, typer.Option(help="hf:/vllm:: continuous (each episode's next message starts as soon as it has stepped), lockstep (ticks: every episode waits for the slowest message), or auto (continuous where the engine can; docs/guides/evaluate.md).")] = "auto",
+    dtype: Annotated[str, typer.Option(help="hf:/vllm: the dtype the weights load in: auto (the checkpoint's where the device computes bfloat16 natively — a GPU, a CPU with AMX-BF16 or AVX512-BF16 — float32 on other CPUs; recorded, kept on resume), float32, bfloat16 or float16 (always wins). docs/guides/evaluate.md.")] = "auto",
     timeout: Annotated[float, typer.Option(help="openai: seconds per request before a retry.")] = 120.0,
     retries: Annotated[int, typer.Option(help="openai: retries before an episode is recorded as a generation error.")] = 4,
     api_key_env: Annotated[str, typer.Option(help="openai: environment variable holding the API key.")] = "OPENAI_API_KEY",
@@ -174,7 +174,7 @@ def export_bfcl_command(
     for path in written:
         out.print(f"wrote {path}")
     out.print(f"score them with: bfcl evaluate --model <the folder name with _ as /> --test-category {category} "
-              f"--result-dir {out_dir} --partial-eval   (see docs/ood.md)")
+              f"--result-dir {out_dir} --partial-eval   (see docs/guides/ood.md)")
 
 
 def report_command(
@@ -383,7 +383,7 @@ def _print_ood_profile(run_dir: Path, benchmark: str, top: int, as_json: bool) -
     table = Table("label", "checks", "share", title=f"{benchmark}: {profile['episodes']} {unit}, {sum(profile['labels'].values())} checks ({checked})")
     for label, count in profile["labels"].items():
         table.add_row(label, str(count), f"{count / total:.1%}")
-    out.print(f"Failure profile of {run_dir} (docs/diagnosis.md, OOD runs)", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"Failure profile of {run_dir} (docs/concepts/diagnosis.md, OOD runs)", markup=False, highlight=False, soft_wrap=True)
     out.print(table)
     out.print("calls: " + ", ".join(f"{kind} {n}" for kind, n in profile["calls"].items()), soft_wrap=True)
     out.print("endings: " + ", ".join(f"{reason} {n}" for reason, n in profile["endings"].items()), soft_wrap=True)

@@ -11,7 +11,7 @@ from seal_rl.cli.console import FamilySetOption, err, family_settings
 from seal_rl.errors import SealError
 
 def serve_command(
-    family: Annotated[str | None, typer.Option(help="The environment family to serve: bfcl (default), tau2-DOMAIN, pkg.module:Class or path/to/file.py:Class (docs/environments.md).")] = None,
+    family: Annotated[str | None, typer.Option(help="The environment family to serve: bfcl (default), tau2-DOMAIN, pkg.module:Class or path/to/file.py:Class (docs/guides/your-environment.md).")] = None,
     family_set: FamilySetOption = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1; anything else needs --token).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8082).")] = None,
@@ -22,7 +22,7 @@ def serve_command(
     step_timeout: Annotated[float | None, typer.Option(help="Seconds one step may run before its episode fails (default 30).")] = None,
     max_request_bytes: Annotated[int | None, typer.Option(help="Largest request body (default 1 MiB); larger answer 413.")] = None,
 ) -> None:
-    """Serve the environment over HTTP: episodes, steps, verifier reward and diagnosis (docs/service.md).
+    """Serve the environment over HTTP: episodes, steps, verifier reward and diagnosis (docs/guides/service.md).
 
     Every option can also be set as an environment variable SEAL_<OPTION> (e.g. SEAL_WORKERS=8).
     """
@@ -55,7 +55,7 @@ def serve_openenv_command(
     max_sessions: Annotated[int, typer.Option(help="WebSocket sessions (episodes) at once.")] = 64,
 ) -> None:
     """Serve the environment as an OpenEnv environment: reset/step/state over OpenEnv's HTTP and
-    WebSocket API, verdict and diagnosis in the final observation (docs/integrations.md)."""
+    WebSocket API, verdict and diagnosis in the final observation (docs/guides/integrations.md)."""
     import socket
 
     if max_sessions < 1:
@@ -91,7 +91,7 @@ def rollout_server_command(
     vllm_args: Annotated[list[str] | None, typer.Argument(help="More `vllm serve` options, after --.")] = None,
 ) -> None:
     """Start a generation server for `generator: server` training: `vllm serve` with what seal's
-    weight sync and importance correction need (docs/training.md, "Generation servers")."""
+    weight sync and importance correction need (docs/guides/servers.md, "Generation servers")."""
     from seal_rl.generators.server_launch import launch
 
     launch(model, port=port, host=host, dtype=dtype, max_model_len=max_model_len, nccl=nccl, dry_run=dry_run,

@@ -1,4 +1,4 @@
-"""``seal study``: SEAL against its baselines over seeds, from one start (docs/study.md)."""
+"""``seal study``: SEAL against its baselines over seeds, from one start (docs/guides/preflight-and-studies.md)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def train_command(
     """Train with SEAL (or vanilla GRPO / an ablation) from a recipe, on CPU, one GPU or many.
 
     The recipe's family says on what: BFCL (the default), τ²-bench (family=tau2-airline|retail|telecom|mock)
-    or your own environment (family=path/to/file.py:Class); docs/environments.md.
+    or your own environment (family=path/to/file.py:Class); docs/guides/your-environment.md.
 
     Before loading the model it checks the recipe against this machine's memory with seal plan's
     estimate and refuses a run that cannot fit (naming the setting that would make it fit; --force

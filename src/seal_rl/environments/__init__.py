@@ -1,7 +1,7 @@
 """Environment families: the protocol SEAL's closed loop plays, BFCL and τ²-bench as families, and
-the base class for your own environment (:class:`Family`; docs/environments.md).
+the base class for your own environment (:class:`Family`; docs/guides/your-environment.md).
 
-Vocabulary (docs/architecture.md): a **family** is a kind of environment (BFCL, τ²'s airline, your
+Vocabulary (docs/concepts/architecture.md): a **family** is a kind of environment (BFCL, τ²'s airline, your
 own); its **tasks** are what an **episode** is played on; the **policy** writes the agent's
 messages through a **generator**; the **user** answers the agent's text (a scripted or simulated
 user, or none); the **verifier** scores the finished episode; **Ψ** labels it; **Ω** is the

@@ -11,7 +11,7 @@ the same schema check, step time limit, result truncation, trace and record. Wha
   observation, ``None`` ends the episode (``completed``);
 * **the verdict** is :meth:`Family.verify`'s :class:`Outcome`, kept as one check over the whole
   conversation (:class:`OutcomeCheck`): the family scores the end of the conversation, not each
-  user turn, so Ψ gives one label per episode (docs/diagnosis.md).
+  user turn, so Ψ gives one label per episode (docs/concepts/diagnosis.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ SEAL (Algorithm 1) needs five things from an environment, and nothing else:
 
 A family of your own subclasses :class:`Family` and fills in :meth:`~Family.tasks`,
 :meth:`~Family.tools`, :meth:`~Family.start`, :meth:`~Family.call` and :meth:`~Family.verify`
-(``examples/families/inventory.py`` is a whole one; docs/environments.md walks through it).
+(``examples/families/inventory.py`` is a whole one; docs/guides/your-environment.md walks through it).
 The episode — parsing the model's message in the recipe's call format, schema checks, error
 observations, limits, the trace and the record — is seal-rl's, the same code as BFCL's, so a
 family never handles model text itself.
@@ -217,7 +217,7 @@ def oracle_messages(family: Any, task: Any, call_format: str) -> list[Any]:
     script = family.oracle(task) if hasattr(family, "oracle") else None
     if script is None:
         raise SealError(f"family {getattr(family, 'name', family)}: no oracle for task {task.id!r}; a warm start from "
-                        "`oracle` needs Family.oracle(task) (docs/environments.md).")  # fmt: skip
+                        "`oracle` needs Family.oracle(task) (docs/guides/your-environment.md).")  # fmt: skip
     fmt, messages = get_format(call_format), []
     for item in script:
         if isinstance(item, str):

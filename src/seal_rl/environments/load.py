@@ -88,7 +88,7 @@ def load_family(spec: str = "bfcl", **settings: Any) -> Any:
         return Tau2Family(spec.removeprefix("tau2-"), **settings)
     if ":" not in spec:
         raise SealError(f"Unknown family {spec!r}: expected one of {', '.join(BUILT_IN)}, or an import path "
-                        "'package.module:Class' or 'path/to/file.py:Class' (docs/environments.md).")  # fmt: skip
+                        "'package.module:Class' or 'path/to/file.py:Class' (docs/guides/your-environment.md).")  # fmt: skip
     where, _, attribute = spec.rpartition(":")
     module = _import(where, spec)
     target = getattr(module, attribute, None)

@@ -37,7 +37,7 @@ and the driver's budgets can end a conversation early (scored as τ²'s ``max_st
 called; ``communicate_info`` not said; the database hash; telecom's environment assertions; and the
 end reason. τ² scores only conversations that end by a stop; for the others (max steps, too many
 errors, an agent error) the same checks are run on the conversation as it stood — evidence for the
-labels only, never the reward (docs/diagnosis.md).
+labels only, never the reward (docs/concepts/diagnosis.md).
 """
 
 from __future__ import annotations

@@ -7,5 +7,5 @@
   environment, the app ``seal serve-openenv`` runs, and the client); needs openenv, which has its
   own venv (``make install-openenv``).
 
-docs/integrations.md shows each path with an example.
+docs/guides/integrations.md shows each path with an example.
 """

@@ -25,7 +25,7 @@ environment, the app, and the client, following OpenEnv's own layout (``openenv 
         result = env.reset(task_id="multi_turn_base_0", protocol="bfcl")
         result = env.step(BfclAction(message="<tool_call>...</tool_call>"))
 
-docs/integrations.md says what each protocol means and how to train on it with TRL.
+docs/guides/integrations.md says what each protocol means and how to train on it with TRL.
 """
 
 from __future__ import annotations

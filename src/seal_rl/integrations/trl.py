@@ -18,7 +18,7 @@ The closed loop runs as in ``seal train`` (:class:`seal_rl.train.loop.SealLoop`)
 each round update C_t, ρ(z) and Ω_{t+1}. What a plain ``GRPOTrainer`` does not do is Eq. 12 (it
 does not multiply its advantages by w_j) or ``credit: turn``; :func:`bfcl_trainer_class` builds one
 that does both, as ``seal train``'s trainer does. Neither forwards a group's shared prompt once
-(docs/training.md).
+(docs/guides/train.md).
 
     from trl import GRPOConfig, GRPOTrainer
     from seal_rl.integrations.trl import BfclRollout, bfcl_dataset, bfcl_reward
@@ -28,7 +28,7 @@ that does both, as ``seal train``'s trainer does. Neither forwards a group's sha
                           rollout_func=BfclRollout("seal-full", out="runs/trl/seal"))
     trainer.train()
 
-``examples/trl_grpo_bfcl.py`` is a complete script; docs/integrations.md explains the options.
+``examples/trl_grpo_bfcl.py`` is a complete script; docs/guides/integrations.md explains the options.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Calls travel as text in the episode's call format (``bfcl_qwen_fc`` prompt: tool
 system prompt, Hermes ``<tool_call>`` blocks), so any chat model can be evaluated and nothing
 depends on the server's tool parser; the model runs under verifiers' tool-less ``null`` harness on
 the local ``subprocess`` runtime. ``protocol`` (``bfcl`` or ``seal``) and ``interface`` are as in
-``seal eval`` (docs/integrations.md).
+``seal eval`` (docs/guides/integrations.md).
 """
 
 from __future__ import annotations

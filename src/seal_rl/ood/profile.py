@@ -1,4 +1,4 @@
-"""The failure profile of an OOD run, in SEAL's taxonomy where it maps (docs/diagnosis.md).
+"""The failure profile of an OOD run, in SEAL's taxonomy where it maps (docs/concepts/diagnosis.md).
 
 Ψ (:mod:`seal_rl.diagnose`) labels each BFCL user turn from per-turn state checks. The OOD
 benchmarks check less, and at other points, so each label here stands for what the benchmark itself

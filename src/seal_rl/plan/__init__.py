@@ -1,7 +1,7 @@
 """``seal plan``: will a training recipe fit on N GPUs, and how long will a round take? (estimates)
 
 Everything here is arithmetic on a model's config numbers and the recipe; nothing is loaded or
-measured. Memory is per GPU, in bytes, itemised; docs/planning.md gives every formula, its source
+measured. Memory is per GPU, in bytes, itemised; docs/guides/planning.md gives every formula, its source
 and how the estimates compare with published figures. In short:
 
 * model states (weights, gradients, Adam) follow the ZeRO paper (Rajbhandari et al. 2020, Fig. 1):

@@ -61,7 +61,7 @@ def lora_plan(settings: LoraSettings, shape: ModelShape, strategy: str, *, warm_
     (LoRA under ZeRO or FSDP) or the plan cannot count (a Mixture-of-Experts model, a name it does not know)."""
     if strategy != "ddp":
         raise SealError(f"model.lora under --strategy {strategy}: seal train runs LoRA under plain data parallel only "
-                        "(not DeepSpeed ZeRO or FSDP, docs/training.md); plan it with --strategy ddp.")  # fmt: skip
+                        "(not DeepSpeed ZeRO or FSDP, docs/guides/lora.md); plan it with --strategy ddp.")  # fmt: skip
     if shape.num_experts > 1:
         raise SealError("seal plan does not count LoRA adapters on a Mixture-of-Experts model yet (which expert tensors "
                         "PEFT adapts depends on the model's layout); plan it without model.lora.")  # fmt: skip

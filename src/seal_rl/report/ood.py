@@ -70,7 +70,7 @@ def ood_report(run_dir: Path, benchmark: str, *, cap: int = EPISODE_CAP) -> str:
         render("<p class='meta'>{{ benchmark }} · policy {{ policy }} · {{ headline }}</p>", benchmark=benchmark,
                policy=summary.get("policy", "?"), headline=headline),  # fmt: skip
         Markup("<h2>Failure labels</h2>"),
-        render("<p class='meta'>What the benchmark checks, in SEAL's taxonomy (docs/diagnosis.md, OOD runs).</p>"),
+        render("<p class='meta'>What the benchmark checks, in SEAL's taxonomy (docs/concepts/diagnosis.md, OOD runs).</p>"),
         share_table(labels_by, present, "benchmark" if not memory else "backend"),
         Markup("<h2>Calls</h2>"), share_table({"calls": Counter(profile["calls"])}, list(CALL_KINDS), "agent"),
         Markup("<h2>How conversations ended</h2>"), share_table(endings_by, endings, "benchmark" if not memory else "backend"),

@@ -2,7 +2,7 @@
 
 The same environment, verifier, diagnosis and interface code as ``seal eval`` and ``seal train``,
 run in worker processes by :class:`~seal_rl.service.workers.EpisodePool`. The OpenAPI schema
-(``/docs``, ``/openapi.json``) documents every body; ``docs/service.md`` the protocol.
+(``/docs``, ``/openapi.json``) documents every body; ``docs/guides/service.md`` the protocol.
 """
 
 from __future__ import annotations

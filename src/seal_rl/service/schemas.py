@@ -32,7 +32,7 @@ class Health(BaseModel):
 
     status: Literal["ok", "degraded", "unavailable"]
     version: str
-    family: str = Field("bfcl", description="the environment family whose episodes are served (docs/environments.md)")
+    family: str = Field("bfcl", description="the environment family whose episodes are served (docs/guides/your-environment.md)")
     bfcl_eval: str
     workers: int
     workers_alive: int
@@ -137,7 +137,7 @@ class StepInfo(BaseModel):
     turn: int
     step: int
     event: Literal["tool_results", "rejected", "next_turn", "user_reply", "end"] = Field(
-        description="user_reply: a family's user answered the agent's text (docs/environments.md)")
+        description="user_reply: a family's user answered the agent's text (docs/guides/your-environment.md)")
     tools: list[dict[str, Any]] | None = Field(None, description="present when the available tools changed")
     end_reason: str | None = None
 
@@ -168,7 +168,7 @@ class TurnLabelPublic(BaseModel):
 
 
 class Evaluation(BaseModel):
-    """The verifier's reward and Ψ's per-turn labels with evidence (docs/diagnosis.md)."""
+    """The verifier's reward and Ψ's per-turn labels with evidence (docs/concepts/diagnosis.md)."""
 
     episode_id: str
     task_id: str

@@ -29,7 +29,7 @@ class ServiceSettings(BaseSettings):
 
     family: str = "bfcl"
     """the environment family whose episodes are served: ``bfcl``, ``tau2-DOMAIN``, ``pkg.module:Class`` or
-    ``path/file.py:Class`` (docs/environments.md)"""
+    ``path/file.py:Class`` (docs/guides/your-environment.md)"""
     family_settings: dict[str, Any] = Field(default_factory=dict)
     """the family's settings (``SEAL_FAMILY_SETTINGS`` as JSON, e.g. ``{"solo": true}``)"""
     host: str = "127.0.0.1"

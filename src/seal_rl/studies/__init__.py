@@ -2,7 +2,7 @@
 
 A study file names a training recipe, the rounds, the arms (each a shipped recipe whose interface and
 A-Patch sections it takes, its seeds and ``set`` overrides), the held-out tasks measured every round
-and the test tasks measured at the end (docs/study.md). ``seal study --list`` lists them; a path to a
+and the test tasks measured at the end (docs/guides/preflight-and-studies.md). ``seal study --list`` lists them; a path to a
 YAML file still works.
 """
 

@@ -1,6 +1,6 @@
 """``seal study``: does SEAL help on this model and these tasks? Arms over seeds, from one start.
 
-A study (docs/study.md) trains every arm — SEAL, vanilla GRPO, the ablations — from the same start
+A study (docs/guides/preflight-and-studies.md) trains every arm — SEAL, vanilla GRPO, the ablations — from the same start
 with the same recipe, tasks, budgets and seeds, changing only each arm's interface and A-Patch
 sections (and its own ``set`` overrides), validates each run on held-out tasks every round, tests the
 trained models at the end, and compares each arm with the baseline arm, paired over (task, seed).

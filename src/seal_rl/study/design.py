@@ -8,7 +8,7 @@ others are compared with, the ``held_out`` tasks measured every round (never tra
 or task, seeds that are not integers, or a held-out task that is also trained on, with one
 :class:`~seal_rl.errors.SealError` line naming what is wrong — before any run starts.
 
-A recipe that names an environment family (``family:``, docs/environments.md) is checked against the
+A recipe that names an environment family (``family:``, docs/guides/your-environment.md) is checked against the
 family's own tasks (:func:`study_tasks`: loaded once per process, τ² takes seconds): its ids, splits
 and categories; its runs are validated under the ``seal`` protocol (a family's only one).
 """
@@ -63,7 +63,7 @@ def load_study(study: str | Path, recipe: str | None = None, overrides: list[str
     _known(where, "", design, KEYS)
     for key in REQUIRED:
         if key not in design:
-            raise SealError(f"{where}: missing '{key}' (every study names {', '.join(REQUIRED)}; see docs/study.md).")
+            raise SealError(f"{where}: missing '{key}' (every study names {', '.join(REQUIRED)}; see docs/guides/preflight-and-studies.md).")
     design.setdefault("baseline", BASELINE)
     if recipe:
         design["recipe"] = recipe
@@ -195,7 +195,7 @@ def narrow_to_pilot(design: dict[str, Any]) -> dict[str, Any]:
 
 def tasks_on_test(test: dict[str, Any], task_set: Any) -> list[str]:
     """The study's test tasks: its ``tasks``, or the real-model baseline's, the first ``per_category``
-    of each category (docs/real-models.md); a family's: the first ``per_category`` of each category of
+    of each category (docs/guides/real-models.md); a family's: the first ``per_category`` of each category of
     its test split, the categories in the order they first come."""
     if "tasks" in test:
         return list(test["tasks"])

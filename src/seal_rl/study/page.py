@@ -6,7 +6,7 @@ into four tables — the curves by round (mean of seeds), the outcomes pooled ov
 comparisons with the baseline, where the sampled episodes' passed turns are, and each run by round;
 the committed records of a study give the same bytes back (``tests/study-tradingbot/``).
 
-A study of an environment family (``results["family"]``, docs/environments.md) says what scored it
+A study of an environment family (``results["family"]``, docs/guides/your-environment.md) says what scored it
 (τ²'s reward, the family's verifier) where a BFCL study says "bfcl protocol", and leaves out the
 per-turn columns: a family's episode is one conversation with one check.
 """

