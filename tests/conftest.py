@@ -25,7 +25,7 @@ def tasks(task_set: TaskSet) -> list:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, task_set):
-    """A tiny random Qwen2 model with a tokenizer trained on the spot (built once per worker)."""
+    """A tiny random Llama-architecture model with a tokenizer trained on the spot (built once per worker)."""
     from seal_rl.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny"), vocab_size=4096, task_set=task_set)

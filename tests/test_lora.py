@@ -160,6 +160,35 @@ def test_checkpoints_hold_the_adapter_and_model_is_the_merged_model(lora_run, ti
     assert parse_policy(f"hf:{out / 'model'}").name == f"hf:{out / 'model'}"  # seal eval --policy hf:RUN/model
 
 
+def test_seal_merge_writes_a_servable_model_and_refuses_another_base(lora_run, tiny_model_dir, task_set, tmp_path, monkeypatch, capsys):
+    """`seal merge RUN --out DIR`: the newest checkpoint's adapter merged into the recorded base is
+    the run's final policy (its last checkpoint is its last step); a different base, a directory
+    without an adapter and a non-empty --out are one line each."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_cli import run_cli
+
+    out, seen = lora_run
+    code, printed, _ = run_cli(monkeypatch, capsys, "merge", str(out), "--out", str(tmp_path / "merged"))
+    assert code == 0 and "checkpoint-" in printed, printed
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    ids = torch.randint(0, 4096, (1, 40), generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(_logps(merged, ids), _logps(seen["model"], ids), atol=1e-5)
+    assert not torch.allclose(_logps(merged, ids), _logps(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ids), atol=1e-4)
+    assert (tmp_path / "merged" / "tokenizer_config.json").exists()
+
+    from seal_rl.tiny import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", vocab_size=4096, seed=1, task_set=task_set)
+    for args, message in [(["--base", str(other)], "is not the base model this adapter was trained on"),
+                          ([], "already exists and is not empty")]:  # fmt: skip
+        code, _, error = run_cli(monkeypatch, capsys, "merge", str(out), "--out", str(tmp_path / "merged"), *args)
+        errors = [line for line in error.splitlines() if line.startswith("error")]
+        assert code == 2 and len(errors) == 1 and message in errors[0] and "Traceback" not in error, error
+    code, _, error = run_cli(monkeypatch, capsys, "merge", str(tiny_model_dir), "--out", str(tmp_path / "m2"))
+    assert code == 2 and "holds no LoRA adapter" in error
+
+
 def test_a_resumed_lora_run_continues_exactly(lora_run, tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 

@@ -1,6 +1,6 @@
-"""``seal train``, ``seal plan``, ``seal preflight`` and ``seal sft``: train from a recipe, estimate
-whether it fits, check on one round of rollouts whether it can learn, and run its supervised warm
-start alone."""
+"""``seal train``, ``seal plan``, ``seal preflight``, ``seal sft`` and ``seal merge``: train from a
+recipe, estimate whether it fits, check on one round of rollouts whether it can learn, run its
+supervised warm start alone, and merge a LoRA adapter into its base for serving."""
 
 from __future__ import annotations
 
@@ -186,6 +186,19 @@ def sft_command(
     summary = sft(recipe, out_dir, sources)
     out.print(f"SFT on {summary['samples']} samples ({summary['assistant_tokens']} assistant tokens), {summary['steps']} steps, "
               f"loss {summary['first_loss']} -> {summary['last_loss']}; model: {summary['model']}")
+
+
+def merge_command(
+    adapter: Annotated[Path, typer.Argument(metavar="ADAPTER", help="A run trained with model.lora (its newest checkpoint), one of its checkpoints (RUN/checkpoints/checkpoint-K) or an adapter directory.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="The merged model directory to write (must not exist or be empty).")],
+    base: Annotated[str | None, typer.Option(help="The base model directory (default: the one the run's lora.json records; a different base is refused).")] = None,
+) -> None:
+    """Merge a LoRA adapter into its base model: a plain model directory for vllm serve, seal eval --policy hf:/vllm:."""
+    from seal_rl.models import resolve_model
+    from seal_rl.train.lora import merge_adapter
+
+    merged, used = merge_adapter(adapter, out_dir, resolve_model(base) if base else None)
+    out.print(f"merged {merged} into {used}: {out_dir} (seal eval --policy hf:{out_dir})")
 
 
 def preflight_command(

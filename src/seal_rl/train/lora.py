@@ -240,3 +240,48 @@ def adapters_off(model: Any) -> bool:
     """Whether a PEFT model is in TRL's reference pass: its adapters disabled (a fresh adapter's
     reference, the base model) or its frozen ``ref`` copy active (a warm-started adapter's)."""
     return is_peft(model) and (bool(getattr(model, "_adapters_disabled", False)) or model.active_adapter == "ref")
+
+
+def find_adapter(path: Path) -> tuple[Path, Path | None]:
+    """The adapter directory ``path`` names, and the ``lora.json`` of its run (None outside a run):
+    an adapter directory itself (``checkpoints/checkpoint-K``, ``model/adapter``), or a run directory
+    (its newest checkpoint's adapter, else ``model/adapter``). A :class:`SealError` otherwise."""
+    path = Path(path)
+    if (path / "adapter_config.json").exists():
+        run = next((p for p in (path.parent.parent, path.parent) if (p / LORA_FILE).exists()), None)
+        return path, run / LORA_FILE if run else None
+    if (path / LORA_FILE).exists():
+        checkpoints = sorted((path / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[-1]))
+        found = [p for p in [*reversed(checkpoints), path / "model" / ADAPTER_DIR] if (p / "adapter_config.json").exists()]
+        if found:
+            return found[0], path / LORA_FILE
+        raise SealError(f"{path} is a LoRA run with no adapter saved yet (no checkpoint, no model/adapter): train it first.")
+    raise SealError(f"{path} holds no LoRA adapter: give a run trained with model.lora, one of its checkpoints "
+                    "(RUN/checkpoints/checkpoint-K) or an adapter directory (with adapter_config.json).")  # fmt: skip
+
+
+def merge_adapter(path: Path, out: Path, base: str | None = None) -> tuple[Path, str]:
+    """Write ``out``: the base model with the adapter ``path`` names (:func:`find_adapter`) merged in,
+    a plain model directory for serving (``vllm serve``, ``seal eval --policy hf:``/``vllm:``).
+    The base is ``base`` or the one the run's ``lora.json`` records; a base whose fingerprint is not
+    the recorded one is a :class:`SealError`. Returns the adapter merged and the base used."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter, record_file = find_adapter(path)
+    record = json.loads(record_file.read_text()) if record_file else {}
+    base = base or record.get("base")
+    if not base:
+        raise SealError(f"{adapter} is not inside a LoRA run (no lora.json names its base model): give --base MODEL_DIR.")
+    if not (Path(base) / "config.json").exists():
+        raise SealError(f"The base model {base} is not a model directory (no config.json): give --base MODEL_DIR.")
+    if record.get("base_fingerprint") and base_fingerprint(base) != record["base_fingerprint"]:
+        raise SealError(f"{base} is not the base model this adapter was trained on ({record.get('base')}, fingerprint "
+                        f"{record['base_fingerprint'][:12]}): give that model as --base.")  # fmt: skip
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise SealError(f"{out} already exists and is not empty: choose another --out.")
+    tokenizer_dir = adapter if (adapter / "tokenizer_config.json").exists() else base
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype="auto"), str(adapter))
+    save_merged(model, AutoTokenizer.from_pretrained(tokenizer_dir), out)
+    return adapter, str(base)
