@@ -41,6 +41,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from harness import provenance_line
+
 SERVER_FILES = 1024
 IDLE_CONNECTIONS = 2000
 MALFORMED_REQUESTS = 2000
@@ -339,7 +341,9 @@ def main() -> None:
         if kill["healed_s"] is not None else "never healed",
         f"{kill['final']['worker_start_failures']} failed starts retried",
     )  # fmt: skip
-    Console(width=220).print(table)
+    console = Console(width=220)
+    console.print(provenance_line(), highlight=False)
+    console.print(table)
     problems = []
     if results["idle now"]["health_ok"] < results["idle now"]["health_checks"] - 1:
         problems.append("health checks failed under idle connections")

@@ -27,6 +27,8 @@ from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls, verify
 
+from harness import provenance_line
+
 
 def _play(env: BfclEnv, task, steps) -> None:
     fmt = get_format(env.config.call_format)
@@ -44,6 +46,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     console = Console(width=130)
+    console.print(provenance_line(), highlight=False)
     task_set = TaskSet.load()
 
     truth_ok = sum(verify(t, [[list(c)] if c else [] for c in ground_truth_calls(t)]).reward == 1.0 for t in task_set)
