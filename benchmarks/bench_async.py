@@ -40,7 +40,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from harness import ROOT, provenance_line, times, write_summary
+from harness import ROOT, provenance_console, times, write_summary
 
 BUDGETS = {"max_prompt_tokens": 16384, "max_completion_tokens": 1024, "max_new_tokens": 64}
 
@@ -161,8 +161,7 @@ def main() -> None:
     chat = ChatTokens(AutoTokenizer.from_pretrained(tokenizer_dir))
     tasks = TaskSet.load().select(split="train")
 
-    console = Console(width=200, stderr=True)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=200, stderr=True)
     console.print(f"bench-async: {args.rounds} rounds of {args.groups} groups x {args.group_size} episodes, update {args.update} s, "
                   f"latency {args.latency} per request, {args.servers} fake servers")  # fmt: skip
     results = []

@@ -17,10 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import in_fresh_process, peak_mib, provenance_line, rss_mib
+from harness import in_fresh_process, peak_mib, provenance_console, rss_mib
 
 TASK = "multi_turn_base_0"  # GorillaFileSystem: touch + echo make the 99 KB file the attack reads
 FILE_CHARS = 99_000
@@ -189,8 +188,7 @@ def parse_series(shape: str, lengths: tuple[int, ...], guarded: bool) -> list[fl
 
 
 def main() -> None:
-    console = Console(width=140)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=140)
     write = _write_file_message()
     flood = _cat_message(CATS_PER_MESSAGE)
     replay_messages = [write] + [_cat_message(1_270)] * 22  # 95 KB each: under max_message_chars

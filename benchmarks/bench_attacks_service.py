@@ -38,10 +38,9 @@ from pathlib import Path
 
 import httpx
 import psutil
-from rich.console import Console
 from rich.table import Table
 
-from harness import provenance_line
+from harness import provenance_console
 
 SERVER_FILES = 1024
 IDLE_CONNECTIONS = 2000
@@ -341,8 +340,7 @@ def main() -> None:
         if kill["healed_s"] is not None else "never healed",
         f"{kill['final']['worker_start_failures']} failed starts retried",
     )  # fmt: skip
-    console = Console(width=220)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=220)
     console.print(table)
     problems = []
     if results["idle now"]["health_ok"] < results["idle now"]["health_checks"] - 1:

@@ -28,11 +28,10 @@ import statistics
 import sys
 import time
 
-from rich.console import Console
 from rich.table import Table
 
 from bench_rollouts import MODEL
-from harness import provenance_line, require_model, times
+from harness import provenance_console, require_model, times
 
 
 def step_costs(model, rows: list[int], context: int, steps: int) -> dict[int, float]:
@@ -84,8 +83,7 @@ def main() -> int:
     unknown = [name for name in dtypes if not isinstance(getattr(torch, name, None), torch.dtype)]
     if unknown or not dtypes:
         parser.error(f"--dtypes: {', '.join(unknown) or 'none given'} is not a torch dtype (float32, bfloat16, float16)")
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     console.print(f"{MODEL}; torch threads {torch.get_num_threads()}; context {args.context}; rows {rows}")
     per_token: dict[str, dict[int, float]] = {}
     costs: dict[str, dict[int, float]] = {}

@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.diagnose import LABELS
@@ -34,7 +33,7 @@ from seal_rl.policies import OraclePolicy
 from seal_rl.profile import describe_run
 from seal_rl.tasks import TaskSet
 
-from harness import parse_jsonl_seconds, provenance_line, timed, times
+from harness import parse_jsonl_seconds, provenance_console, timed, times
 
 
 def main() -> int:
@@ -42,8 +41,7 @@ def main() -> int:
     parser.add_argument("--faults", type=float, default=0.3)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    console = Console(width=160)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=160)
     task_set = TaskSet.load()
     env = BfclEnv()
 

@@ -20,10 +20,9 @@ import argparse
 import gc
 import time
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import in_fresh_process, peak_mib, provenance_line, rss_mib, times
+from harness import in_fresh_process, peak_mib, provenance_console, rss_mib, times
 
 
 def _plans():
@@ -104,8 +103,7 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=10_000, help="episodes in the seal-rl memory soak")
     parser.add_argument("--official-soak", type=int, default=2_000, help="episodes in the official memory soak")
     args = parser.parse_args()
-    console = Console(width=130)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=130)
 
     # Best of three passes over all 800 tasks, each after a warm-up pass, each in a fresh process.
     seal = min((in_fresh_process(run_seal, 800, (), 800) for _ in range(3)), key=lambda r: r["seconds"])

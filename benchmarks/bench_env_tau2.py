@@ -33,10 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import provenance_line, times, write_summary
+from harness import provenance_console, times, write_summary
 
 SOLO = ("mock", "telecom")
 """the domains played solo (τ²'s airline and retail constructors refuse solo_mode)"""
@@ -180,8 +179,7 @@ def main() -> int:
         same = "yes" if r["rewards_identical"] and r["reward_info_identical"] else "NO"
         table.add_row(r["domain"], r["mode"], str(r["tasks"]), f"{r['gym_mean_s'] * 1000:.0f}", f"{r['fast_mean_s'] * 1000:.0f}",
                       times(r["gym_mean_s"], r["fast_mean_s"], 1), f"{r['one_time_parse_s'] * 1000:.0f}", f"{reward:.2f}", same)  # fmt: skip
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     console.print(table)
     if args.out:
         write_summary(args.out, {"domains": results})

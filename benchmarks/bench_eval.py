@@ -18,7 +18,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.env import EnvConfig
@@ -28,7 +27,7 @@ from seal_rl.generators import SimulatedServer
 from seal_rl.rollout import Generation, Request
 from seal_rl.tasks import TaskSet
 
-from harness import provenance_line, timed, times
+from harness import provenance_console, timed, times
 
 
 class Lockstep:
@@ -66,8 +65,7 @@ def main() -> int:
         table.add_row(str(concurrency), str(n), f"{lockstep:.2f}", f"{streaming:.2f}", times(streaming, lockstep),
                       f"{times(streaming, base, 1)} (ideal {concurrency}x)")  # fmt: skip
     server.close()
-    console = Console(width=140)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=140)
     console.print(table)
     return 0
 

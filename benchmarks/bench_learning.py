@@ -44,7 +44,7 @@ from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import TaskSet
 from seal_rl.train import load_recipe, read_metrics, scenario, select_tasks, sft, train
 
-from harness import ROOT, provenance_line, write_summary
+from harness import ROOT, provenance_console, write_summary
 RECIPE = ROOT / "configs" / "learn-cpu.yaml"
 ARMS = {  # arm -> the shipped recipe whose interface and A-Patch settings it uses
     "vanilla-grpo": "vanilla-grpo.yaml",
@@ -86,8 +86,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
     args = parser.parse_args()
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     task_set = TaskSet.load()
     base = load_recipe(RECIPE)
     train_tasks, _ = select_tasks(base, task_set)

@@ -18,10 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import provenance_line, run_child, times
+from harness import provenance_console, run_child, times
 
 
 def _size(path: Path) -> int:
@@ -57,8 +56,7 @@ def main() -> None:
                   title="one SEAL round of SmolLM2-135M-Instruct (real-cpu, no warm start)")  # fmt: skip
     for row in rows:
         table.add_row(row["arm"], f"{row['peak_rss'] / 2**20:,.0f}", f"{row['checkpoint'] / 2**20:,.1f}", f"{row['seconds']:.0f}")
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     console.print(table)
     full, lora = rows
     console.print(f"LoRA / full: peak memory {times(lora['peak_rss'], full['peak_rss'])}, checkpoint "

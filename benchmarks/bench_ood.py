@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import provenance_line, pulled_model, times
+from harness import provenance_console, pulled_model, times
 
 
 def main() -> int:
@@ -81,8 +80,7 @@ def main() -> int:
     for concurrency, seconds, conversations, messages, dtype in rows:
         rate = conversations / seconds
         table.add_row(str(concurrency), f"{seconds:.0f}", str(conversations), str(messages), f"{rate * 3600:.0f}", times(rate, base), dtype)
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     console.print(table)
     return 0
 

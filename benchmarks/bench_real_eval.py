@@ -28,7 +28,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.env import BfclEnv
@@ -38,7 +37,7 @@ from seal_rl.rollout import Budgets, Request, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.trajectory import ChatTokens
 
-from harness import provenance_line, pulled_model, timed, times
+from harness import provenance_console, pulled_model, timed, times
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -149,8 +148,7 @@ def main() -> int:
         table.add_row(str(number + 1), f"{task_id} #{call}", f"{len(ids):,}", f"{reused[number]:,}", f"{t_raw:.2f}",
                       f"{t_plain:.2f}", f"{t_cache:.2f}", times(t_plain, t_raw), times(t_plain, t_cache, 1),
                       "yes" if same[number] else "NO")  # fmt: skip
-    console = Console(width=160)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=160)
     console.print(table)
     mean = [statistics.mean(column) for column in zip(*seconds)]
     warm = [statistics.mean(column) for column in zip(*seconds[1:])] if len(seconds) > 1 else mean

@@ -16,10 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import ROOT, parse_jsonl_seconds, provenance_line, timed, times
+from harness import ROOT, parse_jsonl_seconds, provenance_console, timed, times
 
 sys.path.insert(0, str(ROOT))
 
@@ -41,8 +40,7 @@ def measure(run: Path, label: str, table: Table) -> float:
 
 
 def main() -> int:
-    console = Console(width=140)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=140)
     table = Table("run", "episodes in run", "episodes on page", "parse files (s)", "report (s)", "report / parse", "page (MiB)",
                   title=f"seal report on big runs (browser keeps {EPISODE_CAP} eval episodes, {ROLLOUT_CAP} rollouts)")  # fmt: skip
     sizes = []

@@ -56,7 +56,7 @@ from seal_rl.rollout import Budgets, DriverStats, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.trajectory import ChatTokens
 
-from harness import provenance_line, require_model, times
+from harness import provenance_console, require_model, times
 from real_eval import fixed_tasks
 
 MODEL = "smollm2-135m-instruct"
@@ -141,8 +141,7 @@ def main() -> int:
 
     path, task_set = require_model(MODEL), TaskSet.load()
     OUT.mkdir(parents=True, exist_ok=True)
-    console = Console(width=max(Console().width, 160))  # the table is wide; a narrow or piped terminal would cut it
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=max(Console().width, 160))  # the table is wide; a narrow or piped terminal would cut it
     console.print(f"{MODEL} at {path}; torch threads {torch.get_num_threads()}; results kept in {OUT}/")
     results: dict[tuple[str, str], dict] = {}
     for row in rows:

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT, provenance_line, run_child, times
+from harness import ROOT, provenance_console, run_child, times
 
 PATHS = ("today", "shared", "shared+bf16")
 
@@ -171,14 +171,12 @@ def main() -> None:
         args.child.with_suffix(".out").write_text(json.dumps(result))
         return
 
-    from rich.console import Console
     from rich.table import Table
 
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results = {} if args.redo or not store.exists() else json.loads(store.read_text())
-    console = Console(width=220)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=220)
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(PATHS)
     if unknown:

@@ -25,6 +25,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rich.console import Console
+
 ROOT = Path(__file__).resolve().parents[1]
 """the repository's root"""
 
@@ -85,6 +87,13 @@ def provenance_line(facts: Mapping[str, Any] | None = None) -> str:
     facts = provenance() if facts is None else facts
     where = f"{facts['cpu']}, {facts['cores']} cores" + "".join(f"; GPU {gpu}" for gpu in facts["gpus"])
     return f"measured {facts['date']} on {where}; commit {facts['commit']}; {facts['command']}"
+
+
+def provenance_console(width: int | None = None, **options: Any) -> Console:
+    """A rich console for a benchmark's tables, :func:`provenance_line` printed on it first."""
+    console = Console(width=width, **options)
+    console.print(provenance_line(), highlight=False, soft_wrap=True)
+    return console
 
 
 def write_summary(path: Path, data: Mapping[str, Any]) -> None:

@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from harness import ROOT, provenance_line, ratio_line, write_summary
+from harness import ROOT, provenance_console, ratio_line, write_summary
 
 ROUND_PHASES = ("generation", "environment", "diagnosis", "apatch", "weight_sync", "optimisation")
 
@@ -66,8 +65,7 @@ def report(results: list[dict], label: str, columns: list[str], title: str, rati
     """Print the arms' table (``label``: what tells the arms apart; ``columns``: keys of :data:`COLUMNS`)
     and the ratios of ``ratios`` between the arms ``over`` (numerator, baseline), and write them to
     ``out/summary.json`` under ``NUMERATOR_over_BASELINE``."""
-    console = Console(width=200)
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=200)
     table = Table(label, "validation (warm start → rounds)", *(COLUMNS[key][0] for key in columns), title=title)
     for r in results:
         table.add_row(r["arm"], " → ".join(f"{v:.2f}" for v in r["curve"]), *(format(r[key], COLUMNS[key][1]) for key in columns))

@@ -37,7 +37,7 @@ from seal_rl.models import pulled_path
 from seal_rl.ood.profile import ood_profile
 from seal_rl.stats import wilson
 
-from harness import provenance_line, resumed_seconds
+from harness import provenance_console, resumed_seconds
 
 AGENTS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 USER = "qwen2.5-coder-0.5b-instruct"
@@ -99,8 +99,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/ood-baseline"))
     parser.add_argument("--table-only", action="store_true", help="print the table of the runs so far; play nothing")
     args = parser.parse_args()
-    console = Console(width=max(160, Console().width))
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console(width=max(160, Console().width))
     missing = [m for m in {*AGENTS, USER} if pulled_path(m) is None]
     if missing:
         console.print(f"[yellow]not pulled: {', '.join(missing)} (run `make models`); nothing measured[/]")

@@ -23,7 +23,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.diagnose import diagnose
@@ -31,7 +30,7 @@ from seal_rl.models import pulled_path
 from seal_rl.stats import wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
 
-from harness import provenance_line, resumed_seconds
+from harness import provenance_console, resumed_seconds
 
 RUNS = [("qwen2.5-coder-0.5b-instruct", "bfcl_qwen_fc"), ("qwen2.5-coder-0.5b-instruct", "chat_template"),
         ("smollm2-135m-instruct", "bfcl_qwen_fc")]  # fmt: skip
@@ -86,8 +85,7 @@ def main() -> int:
                              "is float32 on a CPU without AMX-BF16 / AVX512-BF16 (faster there, other ties)")
     args = parser.parse_args()
     tasks = fixed_tasks(args.per_category)
-    console = Console()
-    console.print(provenance_line(), highlight=False)
+    console = provenance_console()
     console.print("tasks: " + ", ".join(tasks), highlight=False, soft_wrap=True)
     table = Table("model", "prompt mode", "success", "95% CI", "turns reached", "top labels", "s / task", "wrote (messages)",
                   title=f"Real models, bfcl protocol, greedy, {len(tasks)} test tasks, max {args.max_new_tokens} new tokens")  # fmt: skip

@@ -67,7 +67,8 @@ def test_every_benchmark_prints_where_and_when_it_ran(script):
     (bench_real_study is a smoke with no table; bench_interface_format is imported by its test as
     ``benchmarks.bench_interface_format``, where ``harness`` is not importable)."""
     text = script.read_text()
-    assert "provenance_line()" in text or "from learn_cpu import" in text and "report(" in text, script.name
+    printed = "provenance_console(" in text or "print(provenance_line())" in text
+    assert printed or "from learn_cpu import" in text and "report(" in text, script.name
 
 
 def test_times_and_ratio_lines(harness):
@@ -131,6 +132,12 @@ def test_provenance_names_the_command_the_commit_and_the_machine(harness):
                                     "command": "python benchmarks/bench_env.py", "commit": "abc1234"})  # fmt: skip
     assert line == ("measured 2026-12-06 22:00 UTC on Some CPU, 2 cores; GPU H100, 81559 MiB; commit abc1234; "
                     "python benchmarks/bench_env.py")  # fmt: skip
+
+
+def test_provenance_console_prints_the_line_first(harness, capsys):
+    harness.provenance_console(width=300).print("table")
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.startswith("measured ") and "; commit " in first and second == "table"
 
 
 def test_write_summary_keeps_the_data_beside_its_provenance(harness, tmp_path):
