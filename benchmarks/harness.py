@@ -3,8 +3,9 @@ measurement was taken on, timers, memory, a fresh process per measurement, ratio
 baseline measured in the same run, the pulled models, and the summary file a run leaves.
 
 Benchmarks run as scripts (``python benchmarks/bench_X.py``, so ``benchmarks/`` is on ``sys.path``)
-and import it as ``harness``. Every benchmark prints :func:`provenance_line` before its tables, so
-a table copied into the Results pages carries its date, machine, command and commit.
+and import it as ``harness``. Every benchmark prints :func:`provenance_line` before its tables (most
+through :func:`provenance_console`), so a table copied into the Results pages carries its date,
+machine, command and commit.
 """
 
 from __future__ import annotations
