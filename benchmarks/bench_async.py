@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -42,15 +40,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, provenance_console, times, write_summary
+
 BUDGETS = {"max_prompt_tokens": 16384, "max_completion_tokens": 1024, "max_new_tokens": 64}
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def start_fakes(n: int, tokenizer_dir: Path, latency: str, seed: int, log_dir: Path) -> list[tuple[subprocess.Popen, str]]:
@@ -169,9 +161,9 @@ def main() -> None:
     chat = ChatTokens(AutoTokenizer.from_pretrained(tokenizer_dir))
     tasks = TaskSet.load().select(split="train")
 
-    console = Console(width=200, stderr=True)
+    console = provenance_console(width=200, stderr=True)
     console.print(f"bench-async: {args.rounds} rounds of {args.groups} groups x {args.group_size} episodes, update {args.update} s, "
-                  f"latency {args.latency} per request, {args.servers} fake servers; CPU {cpu_model()}, {os.cpu_count()} cores")  # fmt: skip
+                  f"latency {args.latency} per request, {args.servers} fake servers")  # fmt: skip
     results = []
     for k in sorted(arms):
         console.print(f"staleness {k} ...")
@@ -181,12 +173,11 @@ def main() -> None:
                   "groups played", "driver CPU", title="bench-async")  # fmt: skip
     for r in results:
         r["speedup"] = base["step"] / r["step"]
-        table.add_row(str(r["staleness"]), f"{r['step']:.2f}", f"{r['speedup']:.2f}x", f"{r['idle']:.0%}",
+        table.add_row(str(r["staleness"]), f"{r['step']:.2f}", times(base["step"], r["step"]), f"{r['idle']:.0%}",
                       " ".join(f"{k}:{v}" for k, v in r["histogram"].items()), f"{r['drop_rate']:.1%}",
                       str(r["played_groups"]), f"{r['cpu_share']:.0%}")  # fmt: skip
     Console(width=200).print(table)
-    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "cpu": cpu_model(), "cores": os.cpu_count(), "arms": results}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_summary(args.out / "summary.json", {"args": {k: str(v) for k, v in vars(args).items()}, "arms": results})
 
 
 if __name__ == "__main__":

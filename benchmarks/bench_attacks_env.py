@@ -12,17 +12,14 @@ Usage: python benchmarks/bench_attacks_env.py   (under a minute)
 from __future__ import annotations
 
 import json
-import os
 import re
-import resource
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from harness import in_fresh_process, peak_mib, provenance_console, rss_mib
 
 TASK = "multi_turn_base_0"  # GorillaFileSystem: touch + echo make the 99 KB file the attack reads
 FILE_CHARS = 99_000
@@ -31,15 +28,6 @@ UNGUARDED = {"max_calls_per_message": 10**9, "max_result_chars": 10**12, "observ
              "step_timeout_s": 10.0**9, "max_message_chars": 10**9}  # fmt: skip
 BIG_BASE = int("7" * 4_000)
 OLD_MAX_INTEGER_EXPONENT = 10_000
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _hermes(calls) -> str:
@@ -74,7 +62,7 @@ def attack_message(messages: list[str], guarded: bool) -> dict:
     env = BfclEnv(EnvConfig(max_message_chars=200_000) if guarded else EnvConfig(**UNGUARDED))
     env.reset(task)
     env.step(messages[0])
-    base = _rss_mib()
+    base = rss_mib()
     started = time.perf_counter()
     for message in messages[1:]:
         if env.done:
@@ -82,7 +70,7 @@ def attack_message(messages: list[str], guarded: bool) -> dict:
         env.step(message)
     env.truncate("policy_exhausted")
     record = json.dumps(env.record())
-    return {"seconds": time.perf_counter() - started, "peak": _peak_mib() - base, "end": env.end_reason,
+    return {"seconds": time.perf_counter() - started, "peak": peak_mib() - base, "end": env.end_reason,
             "observation": env.observation_chars, "record": len(record)}  # fmt: skip
 
 
@@ -98,12 +86,12 @@ def attack_replay(lines: list[dict], guarded: bool) -> dict:
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         policy = ReplayPolicy(path)
         episodes = policy.episodes([], TaskSet.load(), "hermes")
-        base = _rss_mib()
+        base = rss_mib()
         started = time.perf_counter()
         evaluate(episodes, EnvConfig() if guarded else EnvConfig(**UNGUARDED), Path(tmp) / "run", policy=policy)
         seconds = time.perf_counter() - started
         record = json.loads((Path(tmp) / "run" / "results.jsonl").read_text().splitlines()[0])
-    return {"seconds": seconds, "peak": _peak_mib() - base, "end": record["end_reason"],
+    return {"seconds": seconds, "peak": peak_mib() - base, "end": record["end_reason"],
             "observation": record.get("observation_chars")}  # fmt: skip
 
 
@@ -199,13 +187,8 @@ def parse_series(shape: str, lengths: tuple[int, ...], guarded: bool) -> list[fl
     return [attack_parser(shape, chars, guarded, repeats=5) for chars in lengths]
 
 
-def _fresh(function, *args):
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(function, *args).result()
-
-
 def main() -> None:
-    console = Console(width=140)
+    console = provenance_console(width=140)
     write = _write_file_message()
     flood = _cat_message(CATS_PER_MESSAGE)
     replay_messages = [write] + [_cat_message(1_270)] * 22  # 95 KB each: under max_message_chars
@@ -216,35 +199,35 @@ def main() -> None:
     for column in ("attack", "path", "input", "end / outcome", "time s", "peak RSS MiB", "ratio"):
         table.add_column(column, justify="left" if column in ("attack", "path", "input", "end / outcome") else "right")
 
-    guarded = _fresh(attack_message, [write, flood], True)
-    unguarded = _fresh(attack_message, [write, flood], False)
+    guarded = in_fresh_process(attack_message, [write, flood], True)
+    unguarded = in_fresh_process(attack_message, [write, flood], False)
     table.add_row("cat amplification", "BfclEnv + verify", f"{len(flood) / 1e3:.0f} KB, {CATS_PER_MESSAGE:,} cats",
                   f"guarded: {guarded['end']}, {guarded['observation']:,} chars shown", f"{guarded['seconds']:.2f}",
                   f"{guarded['peak']:.0f}", "")  # fmt: skip
     table.add_row("", "", "", f"unguarded: {unguarded['observation'] / 2**20:.0f} MiB shown", f"{unguarded['seconds']:.2f}",
                   f"{unguarded['peak']:.0f}", f"{unguarded['peak'] / max(guarded['peak'], 1):.0f}x memory")  # fmt: skip
 
-    at_cap = _fresh(attack_message, [write] + [_cat_message(64)] * 19, True)
+    at_cap = in_fresh_process(attack_message, [write] + [_cat_message(64)] * 19, True)
     table.add_row("", "", "19 messages of 64 cats (at the call cap)", f"guarded: {at_cap['end']}, {at_cap['observation']:,} chars",
                   f"{at_cap['seconds']:.2f}", f"{at_cap['peak']:.0f}", "")  # fmt: skip
 
-    guarded = _fresh(attack_replay, [replay_line], True)
-    unguarded = _fresh(attack_replay, [{"task_id": TASK, "assistant": replay_messages[:2]}], False)
+    guarded = in_fresh_process(attack_replay, [replay_line], True)
+    unguarded = in_fresh_process(attack_replay, [{"task_id": TASK, "assistant": replay_messages[:2]}], False)
     table.add_row("replay line", "evaluate() (seal eval)", f"{line_mb:.1f} MB line, 22 x 1,270 cats",
                   f"guarded: {guarded['end']}", f"{guarded['seconds']:.2f}", f"{guarded['peak']:.0f}", "")  # fmt: skip
     table.add_row("", "", "unguarded: first cat message only", f"unguarded: {unguarded['end']}", f"{unguarded['seconds']:.2f}",
                   f"{unguarded['peak']:.0f}", f"{unguarded['peak'] / max(guarded['peak'], 1):.0f}x memory for 1/22 of it")  # fmt: skip
 
-    guarded = _fresh(attack_power, 10_000, True)
-    unguarded = _fresh(attack_power, 400, False)
+    guarded = in_fresh_process(attack_power, 10_000, True)
+    unguarded = in_fresh_process(attack_power, 400, False)
     table.add_row("4,000-digit power", "BfclEnv + verify", "base 4,000 digits ** 10,000", "guarded: refused (too large)",
                   f"{guarded['seconds']:.4f}", "", "")  # fmt: skip
     table.add_row("", "", "unguarded: ** 400 (1/25 of the exponent)", "unguarded: computed twice (step + verifier)",
                   f"{unguarded['seconds']:.2f}", "", f"{unguarded['seconds'] / guarded['seconds']:.0f}x time at 1/25")  # fmt: skip
 
     shape = "fence + letters (pythonic)"
-    new = _fresh(attack_parser, shape, 100_000, True)
-    old = _fresh(attack_parser, shape, 5_000, False)
+    new = in_fresh_process(attack_parser, shape, 100_000, True)
+    old = in_fresh_process(attack_parser, shape, 5_000, False)
     table.add_row("backtick message", "pythonic/json parse", "100 KB fence + letters", "guarded: not a call, plain text",
                   f"{new:.6f}", "", "")  # fmt: skip
     table.add_row("", "", "unguarded: 5 KB (1/20 of it)", "unguarded: regex backtracking", f"{old:.4f}", "",
@@ -254,10 +237,10 @@ def main() -> None:
     slack = Table(title="Slowest calls the guard admits (one uninterruptible C operation each = the slack past step_timeout_s)")
     for column in ("call", "seconds", "output"):
         slack.add_column(column, justify="right" if column == "seconds" else "left")
-    for name, seconds, output in _fresh(slowest_admitted_calls):
+    for name, seconds, output in in_fresh_process(slowest_admitted_calls):
         slack.add_row(name, f"{seconds:.3f}", output)
     console.print(slack)
-    console.print(_growth_table(_fresh))
+    console.print(_growth_table(in_fresh_process))
     console.print("One larger step near 128 KB is the allocator moving big strings to mmap (a constant factor); "
                   "the doublings after it are x2 again.")  # fmt: skip
 

@@ -7,7 +7,8 @@
 5. ``seal train`` (smoke recipe) killed at random moments and resumed until it finishes.
 
 Every attack runs real `seal` processes on loopback-free local files, with bounded counts; about
-two minutes in all. Prints one table.
+two minutes in all. Prints one table; where an attack costs time, its baseline is measured in the same
+run: the same replay without surrogates (1), the same evaluation played straight through (4).
 
 Usage: python benchmarks/bench_attacks_runs.py
 """
@@ -26,7 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, provenance_line, timed, times
+
 SEAL = [sys.executable, "-m", "seal_rl"]
 
 
@@ -38,30 +40,35 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*SEAL, *args], capture_output=True, text=True, timeout=900)
 
 
-def surrogates(tmp: Path) -> tuple[str, str]:
-    half = '<tool_call>\n{"name": "mkdir", "arguments": {"dir_name": "x\\ud83d"}}\n</tool_call>'
-    replay = tmp / "replay.jsonl"
-    replay.write_text("".join(json.dumps({"task_id": "multi_turn_base_0", "assistant": [half if i % 10 == 0 else "ok", "Done."]}) + "\n"
+def _replay(tmp: Path, name: str, argument: str) -> tuple[float, subprocess.CompletedProcess]:
+    """``seal eval`` on 400 replayed episodes, every 10th calling ``mkdir`` with ``argument``."""
+    call = '<tool_call>\n{"name": "mkdir", "arguments": {"dir_name": "%s"}}\n</tool_call>' % argument
+    replay = tmp / f"{name}.jsonl"
+    replay.write_text("".join(json.dumps({"task_id": "multi_turn_base_0", "assistant": [call if i % 10 == 0 else "ok", "Done."]}) + "\n"
                               for i in range(400)))  # fmt: skip
-    started = time.perf_counter()
-    done = _run("eval", "-p", f"replay:{replay}", "--out", str(tmp / "surrogates"))
-    seconds = time.perf_counter() - started
+    return timed(lambda: _run("eval", "-p", f"replay:{replay}", "--out", str(tmp / name)))
+
+
+def surrogates(tmp: Path) -> tuple[str, str, str]:
+    seconds, done = _replay(tmp, "surrogates", "x\\ud83d")
+    plain, _ = _replay(tmp, "plain", "x")
     kept = sum("\ud83d" in json.dumps(r["trace"], ensure_ascii=False) for r in _lines(tmp / "surrogates" / "results.jsonl"))
     return (f"exit {done.returncode}; {len(_lines(tmp / 'surrogates' / 'results.jsonl'))}/400 episodes written, "
-            f"{kept}/40 with the half emoji kept as \\ud83d", f"{seconds:.1f} s")
+            f"{kept}/40 with the half emoji kept as \\ud83d", f"{seconds:.1f} s",
+            f"{times(seconds, plain)} the plain replay ({plain:.1f} s)")
 
 
-def two_writers(tmp: Path) -> tuple[str, str]:
+def two_writers(tmp: Path) -> tuple[str, str, str]:
     args = ["eval", "-p", "oracle:faults=0.3,seed=1", "--split", "test", "--out", str(tmp / "shared")]
     first, second = (subprocess.Popen([*SEAL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2))
     codes = sorted([first.wait(timeout=900), second.wait(timeout=900)])
     message = next((p.stderr.read().strip() for p in (first, second) if p.returncode == 2), "")
     lines = len(_lines(tmp / "shared" / "results.jsonl"))
     summary = json.loads((tmp / "shared" / "summary.json").read_text())["episodes"]
-    return f"exit codes {codes}; results.jsonl {lines} lines, summary {summary} episodes (400 tasks); refused with: {message[:70]}…", "-"
+    return f"exit codes {codes}; results.jsonl {lines} lines, summary {summary} episodes (400 tasks); refused with: {message[:70]}…", "-", "-"
 
 
-def corrupt_line(tmp: Path) -> tuple[str, str]:
+def corrupt_line(tmp: Path) -> tuple[str, str, str]:
     args = ["eval", "-p", "oracle:faults=0.3,seed=1", "--split", "test", "-c", "base", "--out", str(tmp / "corrupt")]
     _run(*args)
     path = tmp / "corrupt" / "results.jsonl"
@@ -70,24 +77,27 @@ def corrupt_line(tmp: Path) -> tuple[str, str]:
     again = _run(*args)
     warned = "results.jsonl:21: not valid JSON" in " ".join(again.stderr.split())
     same = path.read_bytes().split(b"\n") == before
-    return f"warned with file:line: {warned}; later lines kept, only that episode replayed, file restored: {same}", "-"
+    return f"warned with file:line: {warned}; later lines kept, only that episode replayed, file restored: {same}", "-", "-"
 
 
-def killed_eval(tmp: Path, rng: random.Random) -> tuple[str, str]:
+def killed_eval(tmp: Path, rng: random.Random) -> tuple[str, str, str]:
     args = ["eval", "-p", "oracle:faults=0.3,seed=2", "--split", "all", "--out", str(tmp / "killed")]
-    reference = _run(*args[:-1], str(tmp / "straight"))
+    straight, reference = timed(lambda: _run(*args[:-1], str(tmp / "straight")))
     assert reference.returncode == 0, reference.stderr
+    started = time.perf_counter()
     for _ in range(5):
         process = subprocess.Popen([*SEAL, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(rng.uniform(1.5, 4.0))
         process.send_signal(signal.SIGKILL)
         process.wait()
     final = _run(*args)
+    seconds = time.perf_counter() - started
     same = _lines(tmp / "killed" / "results.jsonl") == _lines(tmp / "straight" / "results.jsonl")
-    return f"exit {final.returncode}; after 5 kills the results equal an uninterrupted run: {same}", "-"
+    return (f"exit {final.returncode}; after 5 kills the results equal an uninterrupted run: {same}", f"{seconds:.1f} s",
+            f"{times(seconds, straight)} the uninterrupted run ({straight:.1f} s)")
 
 
-def killed_training(tmp: Path, rng: random.Random) -> tuple[str, str]:
+def killed_training(tmp: Path, rng: random.Random) -> tuple[str, str, str]:
     out = tmp / "train"
     command = [*SEAL, "train", "--config", str(ROOT / "configs" / "smoke-cpu.yaml"), "--out", str(out)]
     started, kills = time.perf_counter(), 0
@@ -107,12 +117,13 @@ def killed_training(tmp: Path, rng: random.Random) -> tuple[str, str]:
     rounds = sorted(r["round"] for r in _lines(out / "trajectories.jsonl"))
     metrics = [m["round"] for m in _lines(out / "metrics.jsonl") if m.get("kind") == "rollout"]
     return (f"exit {final.returncode} after {kills} kills; metrics rounds {metrics}; trajectories per round "
-            f"{[rounds.count(r) for r in sorted(set(rounds))]} (8 each expected)", f"{time.perf_counter() - started:.0f} s")
+            f"{[rounds.count(r) for r in sorted(set(rounds))]} (8 each expected)", f"{time.perf_counter() - started:.0f} s", "-")
 
 
 def main() -> int:
     rng = random.Random(0)
-    table = Table("attack", "what happens now", "time", title="Run directories under attack (issue 14)")
+    print(provenance_line())
+    table = Table("attack", "what happens now", "time", "vs baseline (same run)", title="Run directories under attack (issue 14)")
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         table.add_row("lone surrogate in a tool argument", *surrogates(tmp))

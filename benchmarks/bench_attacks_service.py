@@ -38,8 +38,9 @@ from pathlib import Path
 
 import httpx
 import psutil
-from rich.console import Console
 from rich.table import Table
+
+from harness import provenance_console
 
 SERVER_FILES = 1024
 IDLE_CONNECTIONS = 2000
@@ -339,7 +340,8 @@ def main() -> None:
         if kill["healed_s"] is not None else "never healed",
         f"{kill['final']['worker_start_failures']} failed starts retried",
     )  # fmt: skip
-    Console(width=220).print(table)
+    console = provenance_console(width=220)
+    console.print(table)
     problems = []
     if results["idle now"]["health_ok"] < results["idle now"]["health_checks"] - 1:
         problems.append("health checks failed under idle connections")

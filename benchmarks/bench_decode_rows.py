@@ -27,13 +27,11 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rollouts import MODEL, model_dir  # noqa: E402
+from bench_rollouts import MODEL
+from harness import provenance_console, require_model, times
 
 
 def step_costs(model, rows: list[int], context: int, steps: int) -> dict[int, float]:
@@ -77,7 +75,7 @@ def main() -> int:
         parser.error(f"--rows must be comma-separated whole numbers, got {args.rows!r}")
     if rows[0] < 1 or args.context < 2 or args.steps < 1:
         parser.error("--rows, --context and --steps must be positive (--context at least 2)")
-    path = model_dir()
+    path = require_model(MODEL)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -85,7 +83,7 @@ def main() -> int:
     unknown = [name for name in dtypes if not isinstance(getattr(torch, name, None), torch.dtype)]
     if unknown or not dtypes:
         parser.error(f"--dtypes: {', '.join(unknown) or 'none given'} is not a torch dtype (float32, bfloat16, float16)")
-    console = Console()
+    console = provenance_console()
     console.print(f"{MODEL}; torch threads {torch.get_num_threads()}; context {args.context}; rows {rows}")
     per_token: dict[str, dict[int, float]] = {}
     costs: dict[str, dict[int, float]] = {}
@@ -103,7 +101,7 @@ def main() -> int:
     for n in rows:
         cells = [str(n)]
         for name in dtypes:
-            cells += [f"{costs[name][n] * 1000:.1f}", f"{per_token[name][n] * 1000:.1f}", f"{baseline / per_token[name][n]:.2f}×"]
+            cells += [f"{costs[name][n] * 1000:.1f}", f"{per_token[name][n] * 1000:.1f}", times(baseline, per_token[name][n])]
         table.add_row(*cells)
     console.print(table)
     full, occupancy = rows[-1], args.lockstep_occupancy

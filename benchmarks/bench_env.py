@@ -18,23 +18,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import resource
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
-from rich.console import Console
 from rich.table import Table
 
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from harness import in_fresh_process, peak_mib, provenance_console, rss_mib, times
 
 
 def _plans():
@@ -75,9 +63,9 @@ def run_seal(episodes: int, checkpoints: tuple[int, ...] = (), warmup: int = 0) 
         passed += env.verdict.reward == 1.0
         if i + 1 in checkpoints:
             gc.collect()
-            rss[i + 1] = _rss_mib()
+            rss[i + 1] = rss_mib()
     seconds = time.perf_counter() - started
-    return {"episodes": episodes, "seconds": seconds, "passed": passed, "rss": rss, "peak": _peak_mib()}
+    return {"episodes": episodes, "seconds": seconds, "passed": passed, "rss": rss, "peak": peak_mib()}
 
 
 def run_official(episodes: int, checkpoints: tuple[int, ...] = (), warmup: int = 0) -> dict:
@@ -105,14 +93,9 @@ def run_official(episodes: int, checkpoints: tuple[int, ...] = (), warmup: int =
         passed += bool(result["valid"])
         if i + 1 in checkpoints:
             gc.collect()
-            rss[i + 1] = _rss_mib()
+            rss[i + 1] = rss_mib()
     seconds = time.perf_counter() - started
-    return {"episodes": episodes, "seconds": seconds, "passed": passed, "rss": rss, "peak": _peak_mib()}
-
-
-def _in_fresh_process(function, *args) -> dict:
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(function, *args).result()
+    return {"episodes": episodes, "seconds": seconds, "passed": passed, "rss": rss, "peak": peak_mib()}
 
 
 def main() -> None:
@@ -120,24 +103,24 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=10_000, help="episodes in the seal-rl memory soak")
     parser.add_argument("--official-soak", type=int, default=2_000, help="episodes in the official memory soak")
     args = parser.parse_args()
-    console = Console(width=130)
+    console = provenance_console(width=130)
 
     # Best of three passes over all 800 tasks, each after a warm-up pass, each in a fresh process.
-    seal = min((_in_fresh_process(run_seal, 800, (), 800) for _ in range(3)), key=lambda r: r["seconds"])
-    official = min((_in_fresh_process(run_official, 800, (), 800) for _ in range(3)), key=lambda r: r["seconds"])
+    seal = min((in_fresh_process(run_seal, 800, (), 800) for _ in range(3)), key=lambda r: r["seconds"])
+    official = min((in_fresh_process(run_official, 800, (), 800) for _ in range(3)), key=lambda r: r["seconds"])
     table = Table(title="Ground-truth replay of all 800 tasks (one process, one core)")
     for column in ("path", "episodes", "passed", "seconds", "episodes/s", "vs official", "peak RSS MiB"):
         table.add_column(column, justify="right" if column != "path" else "left")
     for label, row in (("seal-rl: parse + execute + verify", seal), ("official executor + checker", official)):
         rate = row["episodes"] / row["seconds"]
-        ratio = rate / (official["episodes"] / official["seconds"])
-        table.add_row(label, str(row["episodes"]), str(row["passed"]), f"{row['seconds']:.2f}", f"{rate:.0f}", f"{ratio:.2f}x", f"{row['peak']:.0f}")
+        ratio = times(rate, official["episodes"] / official["seconds"])
+        table.add_row(label, str(row["episodes"]), str(row["passed"]), f"{row['seconds']:.2f}", f"{rate:.0f}", ratio, f"{row['peak']:.0f}")
     console.print(table)
 
     seal_points = tuple(sorted({1_000, args.soak // 4, args.soak // 2, args.soak * 3 // 4, args.soak}))
     official_points = tuple(sorted({1_000, args.official_soak // 2, args.official_soak}))
-    seal_soak = _in_fresh_process(run_seal, args.soak, seal_points)
-    official_soak = _in_fresh_process(run_official, args.official_soak, official_points)
+    seal_soak = in_fresh_process(run_seal, args.soak, seal_points)
+    official_soak = in_fresh_process(run_official, args.official_soak, official_points)
     memory = Table(title="RSS (MiB) after N episodes in one process")
     memory.add_column("episodes", justify="right")
     memory.add_column("seal-rl", justify="right")

@@ -33,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from harness import provenance_console, times, write_summary
 
 SOLO = ("mock", "telecom")
 """the domains played solo (τ²'s airline and retail constructors refuse solo_mode)"""
@@ -177,11 +178,11 @@ def main() -> int:
         reward = statistics.mean(e["gym_reward"] for e in r["episodes"])
         same = "yes" if r["rewards_identical"] and r["reward_info_identical"] else "NO"
         table.add_row(r["domain"], r["mode"], str(r["tasks"]), f"{r['gym_mean_s'] * 1000:.0f}", f"{r['fast_mean_s'] * 1000:.0f}",
-                      f"{r['speedup']:.1f}×", f"{r['one_time_parse_s'] * 1000:.0f}", f"{reward:.2f}", same)  # fmt: skip
-    Console().print(table)
+                      times(r["gym_mean_s"], r["fast_mean_s"], 1), f"{r['one_time_parse_s'] * 1000:.0f}", f"{reward:.2f}", same)  # fmt: skip
+    console = provenance_console()
+    console.print(table)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        write_summary(args.out, {"domains": results})
     return 0 if all(r["rewards_identical"] for r in results) else 1
 
 

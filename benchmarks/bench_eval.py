@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.env import EnvConfig
@@ -28,6 +26,8 @@ from seal_rl.policies import Episode
 from seal_rl.generators import SimulatedServer
 from seal_rl.rollout import Generation, Request
 from seal_rl.tasks import TaskSet
+
+from harness import provenance_console, timed, times
 
 
 class Lockstep:
@@ -42,10 +42,9 @@ class Lockstep:
 
 def episodes_per_second(generator, episodes: list[Episode], concurrency: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        evaluate(episodes, EnvConfig(), Path(tmp) / "run", policy="simulated",
-                 settings=ModelSettings(concurrency=concurrency), generator=generator)  # fmt: skip
-        return len(episodes) / (time.perf_counter() - started)
+        seconds, _ = timed(lambda: evaluate(episodes, EnvConfig(), Path(tmp) / "run", policy="simulated",
+                                            settings=ModelSettings(concurrency=concurrency), generator=generator))  # fmt: skip
+        return len(episodes) / seconds
 
 
 def main() -> int:
@@ -63,10 +62,11 @@ def main() -> int:
         lockstep = episodes_per_second(Lockstep(server), episodes, concurrency)
         streaming = episodes_per_second(server, episodes, concurrency)
         base = base or streaming
-        table.add_row(str(concurrency), str(n), f"{lockstep:.2f}", f"{streaming:.2f}", f"{streaming / lockstep:.2f}x",
-                      f"{streaming / base:.1f}x (ideal {concurrency}x)")  # fmt: skip
+        table.add_row(str(concurrency), str(n), f"{lockstep:.2f}", f"{streaming:.2f}", times(streaming, lockstep),
+                      f"{times(streaming, base, 1)} (ideal {concurrency}x)")  # fmt: skip
     server.close()
-    Console(width=140).print(table)
+    console = provenance_console(width=140)
+    console.print(table)
     return 0
 
 

@@ -17,15 +17,9 @@ Usage: python benchmarks/bench_layouts.py [--out runs/bench-layouts] [--seed 0] 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_cpu import ROOT, run_arm  # noqa: E402
+from learn_cpu import ROOT, report, run_arm
 
 
 def main() -> None:
@@ -39,19 +33,8 @@ def main() -> None:
     arms = {"episode": [], "turn": ["layout=turn", f"turn_samples={args.turn_samples}",
                                     f"grpo.per_device_train_batch_size={4 * args.turn_samples}"]}
     results = [run_arm(arm, sets, args.out / arm, args.seed) for arm, sets in arms.items()]
-
-    console = Console(width=200)
-    table = Table("layout", "validation (warm start → rounds)", "wall s", "round s", "generation s/round", "update s/round",
-                  "tokens/round", "forwarded/round", title="learn-cpu, 2 cores")  # fmt: skip
-    for r in results:
-        table.add_row(r["arm"], " → ".join(f"{v:.2f}" for v in r["curve"]), f"{r['wall']:.0f}", f"{r['round']:.1f}",
-                      f"{r['generation']:.2f}", f"{r['update']:.1f}", f"{r['tokens']:,.0f}", f"{r['forwarded']:,.0f}")  # fmt: skip
-    console.print(table)
-    episode, turn = results
-    keys = ("wall", "round", "generation", "update", "tokens", "forwarded")
-    ratios = {key: turn[key] / episode[key] for key in keys if episode[key]}
-    console.print("turn / episode: " + ", ".join(f"{key} {value:.2f}x" for key, value in ratios.items()))
-    (args.out / "summary.json").write_text(json.dumps({"arms": results, "turn_over_episode": ratios}, indent=1) + "\n")
+    keys = ["wall", "round", "generation", "update", "tokens", "forwarded"]
+    report(results, "layout", keys, "learn-cpu, 2 cores", keys, ("turn", "episode"), args.out)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from seal_rl.stats import compare_runs, wilson
 from seal_rl.tasks import TaskSet
 from seal_rl.train import load_recipe, read_metrics, scenario, select_tasks, sft, train
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, provenance_console, write_summary
 RECIPE = ROOT / "configs" / "learn-cpu.yaml"
 ARMS = {  # arm -> the shipped recipe whose interface and A-Patch settings it uses
     "vanilla-grpo": "vanilla-grpo.yaml",
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-learning")
     args = parser.parse_args()
-    console = Console()
+    console = provenance_console()
     task_set = TaskSet.load()
     base = load_recipe(RECIPE)
     train_tasks, _ = select_tasks(base, task_set)
@@ -143,7 +143,7 @@ def main() -> None:
                 "p_mcnemar": comparison.overall.p_value, "discordant": [comparison.overall.only_a, comparison.overall.only_b],
             }  # fmt: skip
     results["seconds"] = round(time.perf_counter() - began, 1)
-    (args.out / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_summary(args.out / "summary.json", results)
     table_md = render(results, console)
     (args.out / "table.md").write_text(table_md)
     plot(results, args.out / "curves.png")

@@ -13,15 +13,14 @@ Usage: python benchmarks/bench_lora.py [--rank 8] [--out DIR] [--set KEY=VALUE .
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
+
+from harness import provenance_console, run_child, times
 
 
 def _size(path: Path) -> int:
@@ -33,15 +32,12 @@ def run_arm(name: str, out: Path, extra: list[str]) -> dict:
     command = [sys.executable, "-m", "seal_rl", "train", "--config", "real-cpu", "--out", str(out), "--set", "warm_start.data=[]",
                "--set", "grpo.max_steps=1", "--set", "grpo.save_steps=1", "--set", "eval.every_rounds=0",
                "--set", "eval.at_start=false", *extra]  # fmt: skip
-    began = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+        code, seconds, peak = run_child(command, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
         sys.exit(f"{name}: seal train failed (log: {out.with_suffix('.log')})")
     checkpoints = sorted((out / "checkpoints").glob("checkpoint-*"))
-    return {"arm": name, "peak_rss": usage.ru_maxrss * 1024, "seconds": time.perf_counter() - began,
-            "checkpoint": _size(checkpoints[-1]) if checkpoints else 0}  # fmt: skip
+    return {"arm": name, "peak_rss": peak, "seconds": seconds, "checkpoint": _size(checkpoints[-1]) if checkpoints else 0}
 
 
 def main() -> None:
@@ -60,11 +56,11 @@ def main() -> None:
                   title="one SEAL round of SmolLM2-135M-Instruct (real-cpu, no warm start)")  # fmt: skip
     for row in rows:
         table.add_row(row["arm"], f"{row['peak_rss'] / 2**20:,.0f}", f"{row['checkpoint'] / 2**20:,.1f}", f"{row['seconds']:.0f}")
-    console = Console()
+    console = provenance_console()
     console.print(table)
     full, lora = rows
-    console.print(f"LoRA / full: peak memory {lora['peak_rss'] / full['peak_rss']:.2f}x, checkpoint "
-                  f"{lora['checkpoint'] / max(full['checkpoint'], 1):.4f}x")  # fmt: skip
+    console.print(f"LoRA / full: peak memory {times(lora['peak_rss'], full['peak_rss'])}, checkpoint "
+                  f"{times(lora['checkpoint'], full['checkpoint'], 4)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,28 +11,22 @@ agent + user messages and the ratio against concurrency 1.
 
 Usage: python benchmarks/bench_ood.py [--model DIR] [--domain airline] [--tasks 2] [--trials 4] [--max-steps 6]
        [--max-new-tokens 48] [--concurrency 8] [--threads N]
-Without --model it asks ``python -m seal_rl models path smollm2-135m-instruct``; when that gives no
-directory the benchmark says so and exits 0 (it needs a model on disk).
+Without --model it takes the pulled smollm2-135m-instruct (``seal models pull``); when that is not
+there the benchmark says so and exits 0 (it needs a model on disk).
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-
-def _model(arg: str | None) -> str | None:
-    if arg:
-        return arg
-    found = subprocess.run([sys.executable, "-m", "seal_rl", "models", "path", "smollm2-135m-instruct"], capture_output=True, text=True)
-    return found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else None
+from harness import provenance_console, pulled_model, times
 
 
 def main() -> int:
@@ -46,7 +40,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    model = _model(args.model)
+    model = args.model or pulled_model("smollm2-135m-instruct")
     if model is None:
         print("bench_ood: no model on disk (run `seal models pull smollm2-135m-instruct`); nothing measured.")
         return 0
@@ -75,8 +69,8 @@ def main() -> int:
                 summary = evaluate_tau2(tau2, args.domain, tasks, out, agent=agent, user=user, protocol=protocol,
                                         config={"split": "test", **precision}, concurrency=concurrency, overwrite=True)  # fmt: skip
                 seconds = time.perf_counter() - began
-            messages = sum(len(r.get("simulation", {}).get("messages", ())) for r in map(__import__("json").loads,
-                                                                                          (out / "results.jsonl").read_text().splitlines()))  # fmt: skip
+            messages = sum(len(r.get("simulation", {}).get("messages", ()))
+                           for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()))  # fmt: skip
             conversations = summary["conversations"] + summary["generation_errors"]
             rows.append((concurrency, seconds, conversations, messages, precision.get("precision", {}).get("dtype", "?")))
     base = rows[0][2] / rows[0][1]
@@ -85,8 +79,9 @@ def main() -> int:
                         f"max {args.max_steps} steps; bf16 native: {native_bf16()[0]}")  # fmt: skip
     for concurrency, seconds, conversations, messages, dtype in rows:
         rate = conversations / seconds
-        table.add_row(str(concurrency), f"{seconds:.0f}", str(conversations), str(messages), f"{rate * 3600:.0f}", f"{rate / base:.2f}×", dtype)
-    Console().print(table)
+        table.add_row(str(concurrency), f"{seconds:.0f}", str(conversations), str(messages), f"{rate * 3600:.0f}", times(rate, base), dtype)
+    console = provenance_console()
+    console.print(table)
     return 0
 
 

@@ -17,20 +17,17 @@ call's fastest time is kept: on a shared machine the slower ones measure the nei
 The model is loaded as ``seal eval`` loads it (its configured dtype, on the CPU).
 
 Usage: python benchmarks/bench_real_eval.py [--model DIR] [--tasks 2] [--calls 2] [--max-new-tokens 32] [--repeats 1] [--threads N]
-Without --model it asks ``python -m seal_rl models path qwen2.5-coder-0.5b-instruct``; when that
-gives no directory the benchmark says so and exits 0 (it needs a model on disk).
+Without --model it takes the pulled qwen2.5-coder-0.5b-instruct (``seal models pull``); when that is
+not there the benchmark says so and exits 0 (it needs a model on disk).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.env import BfclEnv
@@ -40,19 +37,9 @@ from seal_rl.rollout import Budgets, Request, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.trajectory import ChatTokens
 
+from harness import provenance_console, pulled_model, timed, times
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
-
-
-def default_model() -> Path | None:
-    """The pulled default model's directory, if ``seal models path`` knows one."""
-    try:
-        done = subprocess.run([sys.executable, "-m", "seal_rl", "models", "path", DEFAULT_MODEL],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = done.stdout.strip().splitlines()
-    path = Path(lines[-1].strip()) if done.returncode == 0 and lines else None
-    return path if path is not None and (path / "config.json").exists() else None
 
 
 def same_backend_tasks(task_set: TaskSet, count: int) -> list:
@@ -92,22 +79,16 @@ def episode_prompts(tasks: list, chat: ChatTokens, calls: int) -> list[tuple[str
     return prompts
 
 
-def timed(function):
-    started = time.perf_counter()
-    result = function()
-    return time.perf_counter() - started, result
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, help=f"a transformers model directory [default: `seal models path {DEFAULT_MODEL}`]")
+    parser.add_argument("--model", type=Path, help=f"a transformers model directory [default: the pulled {DEFAULT_MODEL}]")
     parser.add_argument("--tasks", type=int, default=2, help="test tasks with the same backends")
     parser.add_argument("--calls", type=int, default=2, help="model calls measured per task (its first ones)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per call")
     parser.add_argument("--repeats", type=int, default=1, help="play the calls this many times, keep each call's fastest")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = parser.parse_args()
-    model_dir = args.model or default_model()
+    model_dir = args.model or pulled_model(DEFAULT_MODEL)
     if model_dir is None:
         print(f"skipped: no model directory; pass --model DIR (or pull {DEFAULT_MODEL} if `seal models` exists)")
         return 0
@@ -165,16 +146,16 @@ def main() -> int:
                         f"fastest of {args.repeats})")  # fmt: skip
     for number, ((task_id, call, ids), (t_raw, t_plain, t_cache)) in enumerate(zip(prompts, seconds)):
         table.add_row(str(number + 1), f"{task_id} #{call}", f"{len(ids):,}", f"{reused[number]:,}", f"{t_raw:.2f}",
-                      f"{t_plain:.2f}", f"{t_cache:.2f}", f"{t_plain / t_raw:.2f}x", f"{t_plain / t_cache:.1f}x",
+                      f"{t_plain:.2f}", f"{t_cache:.2f}", times(t_plain, t_raw), times(t_plain, t_cache, 1),
                       "yes" if same[number] else "NO")  # fmt: skip
-    console = Console(width=160)
+    console = provenance_console(width=160)
     console.print(table)
     mean = [statistics.mean(column) for column in zip(*seconds)]
     warm = [statistics.mean(column) for column in zip(*seconds[1:])] if len(seconds) > 1 else mean
     console.print(f"mean over {len(seconds)} calls: raw {mean[0]:.2f} s, no cache {mean[1]:.2f} s, cache {mean[2]:.2f} s")
-    console.print(f"no cache / raw: {mean[1] / mean[0]:.2f}x (target <= 1.1x)")
-    console.print(f"cache speed-up, all calls: {mean[1] / mean[2]:.1f}x; after the first call (cache warm): "
-                  f"{warm[1] / warm[2]:.1f}x (target >= 3x per call)")  # fmt: skip
+    console.print(f"no cache / raw: {times(mean[1], mean[0])} (target <= 1.1x)")
+    console.print(f"cache speed-up, all calls: {times(mean[1], mean[2], 1)}; after the first call (cache warm): "
+                  f"{times(warm[1], warm[2], 1)} (target >= 3x per call)")  # fmt: skip
     console.print(f"prefix cache: {len(cached.prefix_cache)} entries, {cached.prefix_cache.tokens:,} tokens held; "
                   f"{cached.prefix_cache.reused:,} prompt tokens reused, {cached.prefix_cache.prefilled:,} prefilled")  # fmt: skip
     return 0

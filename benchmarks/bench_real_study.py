@@ -21,7 +21,7 @@ import yaml
 
 from seal_rl.study.records import nonzero_advantages, run_dir, sampled_episodes
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT
 SMOKE = {"arm": "seal-full", "seeds": [0], "rounds": 2, "held_out": 1,
          # one epoch of the warm start's 6 samples, not two (its loss is 0.13 there; 339 s instead of
          # ~9 min), and each round's 8 episodes in one prefix tree (the same loss; 67 s an update, not 122)

@@ -12,16 +12,14 @@ Usage: python benchmarks/bench_report.py
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, parse_jsonl_seconds, provenance_console, timed, times
+
 sys.path.insert(0, str(ROOT))
 
 from seal_rl.report import write_report  # noqa: E402
@@ -31,30 +29,18 @@ from tests.report_runs import write_training_run  # noqa: E402
 PAGE_LIMIT_MB = 40.0
 
 
-def parse_seconds(run: Path) -> float:
-    started = time.perf_counter()
-    for name in ("metrics.jsonl", "trajectories.jsonl", "results.jsonl"):
-        if (run / name).exists():
-            with open(run / name, encoding="utf-8") as lines:
-                for line in lines:
-                    json.loads(line)
-    return time.perf_counter() - started
-
-
 def measure(run: Path, label: str, table: Table) -> float:
-    baseline = parse_seconds(run)
-    started = time.perf_counter()
-    page = write_report(run)
-    seconds = time.perf_counter() - started
+    baseline = parse_jsonl_seconds(run / name for name in ("metrics.jsonl", "trajectories.jsonl", "results.jsonl"))
+    seconds, page = timed(lambda: write_report(run))
     size = page.stat().st_size / 2**20
     episodes = page.read_text(encoding="utf-8").count('class="episode"')
     table.add_row(label, f"{sum(1 for _ in open(run / ('trajectories.jsonl' if (run / 'metrics.jsonl').exists() else 'results.jsonl')))}",
-                  str(episodes), f"{baseline:.2f}", f"{seconds:.2f}", f"{seconds / max(baseline, 1e-9):.1f}x", f"{size:.1f}")  # fmt: skip
+                  str(episodes), f"{baseline:.2f}", f"{seconds:.2f}", times(seconds, max(baseline, 1e-9), 1), f"{size:.1f}")  # fmt: skip
     return size
 
 
 def main() -> int:
-    console = Console(width=140)
+    console = provenance_console(width=140)
     table = Table("run", "episodes in run", "episodes on page", "parse files (s)", "report (s)", "report / parse", "page (MiB)",
                   title=f"seal report on big runs (browser keeps {EPISODE_CAP} eval episodes, {ROLLOUT_CAP} rollouts)")  # fmt: skip
     sizes = []

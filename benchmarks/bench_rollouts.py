@@ -30,7 +30,7 @@ CPU the two differ in kind, not only in speed: a float32 step costs about the sa
 
 Each finished measurement is kept in ``runs/bench-rollouts/`` and a rerun skips it (``--fresh``
 starts over); a row's two schedulers run back to back. ``--rows`` picks rows, ``--tasks`` and
-``--group`` scale the round. The model is read from ``seal models path`` (``make models``).
+``--group`` scale the round. The model is the pulled one (``make models``).
 
 Usage: python benchmarks/bench_rollouts.py [--rows round-greedy,round-sampled,equal-lengths,eval-20] [--tasks 8] [--group 4]
        [--dtype float32] [--fresh]
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,22 +56,14 @@ from seal_rl.rollout import Budgets, DriverStats, run_episodes
 from seal_rl.tasks import TaskSet
 from seal_rl.trajectory import ChatTokens
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_eval import fixed_tasks  # noqa: E402
+from harness import provenance_console, require_model, times
+from real_eval import fixed_tasks
 
 MODEL = "smollm2-135m-instruct"
 ROWS = ("round-greedy", "round-sampled", "equal-lengths", "eval-20")
 SCHEDULERS = ("lockstep", "continuous")
 STUDY_BUDGETS = Budgets(max_prompt_tokens=8192, max_completion_tokens=512, max_new_tokens=128)
 OUT = Path("runs/bench-rollouts")
-
-
-def model_dir() -> Path:
-    done = subprocess.run([sys.executable, "-m", "seal_rl", "models", "path", MODEL], capture_output=True, text=True, timeout=120)
-    path = Path(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
-    if path is None or not (path / "config.json").exists():
-        sys.exit(f"{MODEL} is not pulled: run `make models` (or `seal models pull {MODEL}`) first.")
-    return path
 
 
 def trading_tasks(task_set: TaskSet, count: int) -> list:
@@ -148,9 +139,9 @@ def main() -> int:
         parser.error(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
     import torch
 
-    path, task_set = model_dir(), TaskSet.load()
+    path, task_set = require_model(MODEL), TaskSet.load()
     OUT.mkdir(parents=True, exist_ok=True)
-    console = Console(width=max(Console().width, 160))  # the table is wide; a narrow or piped terminal would cut it
+    console = provenance_console(width=max(Console().width, 160))  # the table is wide; a narrow or piped terminal would cut it
     console.print(f"{MODEL} at {path}; torch threads {torch.get_num_threads()}; results kept in {OUT}/")
     results: dict[tuple[str, str], dict] = {}
     for row in rows:
@@ -172,7 +163,7 @@ def main() -> int:
     for row in rows:
         ticked, continuous = results[row, "lockstep"], results[row, "continuous"]
         rate = {s: r["tokens"] / max(r["generation_s"], 1e-9) for s, r in (("l", ticked), ("c", continuous))}
-        for r, mark in ((ticked, ""), (continuous, f"{rate['c'] / rate['l']:.2f}x")):
+        for r, mark in ((ticked, ""), (continuous, times(rate["c"], rate["l"]))):
             table.add_row(row, r["scheduler"], str(r["episodes"]), f"{r['generation_s']:.1f}", f"{r['wall_s']:.1f}", str(r["tokens"]),
                           str(r["decode_steps"]), f"{r['occupancy']:.2f}", f"{r['longest_share']:.2f}",
                           f"{r['tokens'] / max(r['generation_s'], 1e-9):.1f}", mark, greedy.get(row, "n/a (sampled)") if mark else "")  # fmt: skip

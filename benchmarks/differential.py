@@ -18,7 +18,6 @@ import sys
 import time
 from collections import Counter
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.differential import official_check, official_failure, perturbed_steps
@@ -26,6 +25,8 @@ from seal_rl.env import BfclEnv, EnvConfig
 from seal_rl.tasks import CATEGORIES, TaskSet
 from seal_rl.tools import get_format
 from seal_rl.verify import ground_truth_calls, verify
+
+from harness import provenance_console
 
 
 def _play(env: BfclEnv, task, steps) -> None:
@@ -43,7 +44,7 @@ def main() -> int:
     parser.add_argument("--per-category", type=int, default=1300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    console = Console(width=130)
+    console = provenance_console(width=130)
     task_set = TaskSet.load()
 
     truth_ok = sum(verify(t, [[list(c)] if c else [] for c in ground_truth_calls(t)]).reward == 1.0 for t in task_set)

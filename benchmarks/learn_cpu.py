@@ -7,6 +7,7 @@ recipe's four tasks: warm start → after each round), seconds per phase (cumula
 tokens the policy's pass forwarded (``kind: update`` lines; fewer with shared prefixes).
 "round" is one SEAL round: generation, environment, diagnosis, A-Patch, weight sync and the update
 with its validation; "start" is everything else (warm start SFT, model load, an engine's start).
+:func:`report` prints the arms' table and their ratios, and writes ``summary.json``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,18 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from rich.table import Table
+
+from harness import ROOT, provenance_console, ratio_line, write_summary
+
 ROUND_PHASES = ("generation", "environment", "diagnosis", "apatch", "weight_sync", "optimisation")
+
+
+COLUMNS = {"wall": ("wall s", ".0f"), "start": ("start s", ".0f"), "round": ("round s", ".1f"),
+           "generation": ("generation s/round", ".2f"), "update": ("update s/round", ".1f"),
+           "weight_sync": ("weight sync s/round", ".3f"), "tokens": ("tokens/round", ",.0f"),
+           "forwarded": ("forwarded/round", ",.0f")}  # fmt: skip
+"""the figures of :func:`run_arm` a table can show: key -> (column, format)"""
 
 
 def run_arm(arm: str, sets: list[str], out: Path, seed: int) -> dict:
@@ -47,3 +58,20 @@ def run_arm(arm: str, sets: list[str], out: Path, seed: int) -> dict:
         "tokens": (max(tokens) / rounds) if tokens else 0.0,
         "forwarded": forwarded / rounds,
     }  # fmt: skip
+
+
+def report(results: list[dict], label: str, columns: list[str], title: str, ratios: list[str], over: tuple[str, str],
+           out: Path) -> dict[str, float]:  # fmt: skip
+    """Print the arms' table (``label``: what tells the arms apart; ``columns``: keys of :data:`COLUMNS`)
+    and the ratios of ``ratios`` between the arms ``over`` (numerator, baseline), and write them to
+    ``out/summary.json`` under ``NUMERATOR_over_BASELINE``."""
+    console = provenance_console(width=200)
+    table = Table(label, "validation (warm start → rounds)", *(COLUMNS[key][0] for key in columns), title=title)
+    for r in results:
+        table.add_row(r["arm"], " → ".join(f"{v:.2f}" for v in r["curve"]), *(format(r[key], COLUMNS[key][1]) for key in columns))
+    console.print(table)
+    first, second = (next(r for r in results if r["arm"] == arm) for arm in over)
+    measured = {key: first[key] / second[key] for key in ratios if second[key]}
+    console.print(ratio_line(" / ".join(over), measured))
+    write_summary(out / "summary.json", {"arms": results, "_over_".join(over): measured})
+    return measured

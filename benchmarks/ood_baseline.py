@@ -37,6 +37,8 @@ from seal_rl.models import pulled_path
 from seal_rl.ood.profile import ood_profile
 from seal_rl.stats import wilson
 
+from harness import provenance_console, resumed_seconds
+
 AGENTS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 USER = "qwen2.5-coder-0.5b-instruct"
 TAU2 = ("tau2-airline", "tau2-retail", "tau2-telecom")
@@ -97,7 +99,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/ood-baseline"))
     parser.add_argument("--table-only", action="store_true", help="print the table of the runs so far; play nothing")
     args = parser.parse_args()
-    console = Console(width=max(160, Console().width))
+    console = provenance_console(width=max(160, Console().width))
     missing = [m for m in {*AGENTS, USER} if pulled_path(m) is None]
     if missing:
         console.print(f"[yellow]not pulled: {', '.join(missing)} (run `make models`); nothing measured[/]")
@@ -119,12 +121,7 @@ def main() -> int:
                 done = subprocess.run(command(agent, benchmark, args, run))
                 if done.returncode not in (0, 1):  # 1: every conversation a generation error (in the table)
                     return done.returncode
-            spent = time.perf_counter() - started
-            previous = json.loads(timing.read_text())["seconds"] if timing.exists() else 0.0
-            if spent > 30:  # a resumed run that found everything done keeps the first measurement
-                timing.write_text(json.dumps({"seconds": previous + spent}) + "\n")
-            seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else spent
-            s = summarise(run, benchmark, seconds)
+            s = summarise(run, benchmark, resumed_seconds(timing, time.perf_counter() - started, floor=30))
             endings = ", ".join(f"{k} {v}" for k, v in sorted(s["endings"].items(), key=lambda x: -x[1])) or "—"
             paper = PAPER["bfcl-memory" if benchmark == "bfcl-memory" else "tau2"]
             rows.append((agent, benchmark, f"{s['wins']}/{s['n']}", f"{s['ci'][0]:.0%}–{s['ci'][1]:.0%}", endings, labels(s["profile"]),

@@ -23,13 +23,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from seal_rl.diagnose import diagnose
 from seal_rl.models import pulled_path
 from seal_rl.stats import wilson
 from seal_rl.tasks import CATEGORIES, TaskSet
+
+from harness import provenance_console, resumed_seconds
 
 RUNS = [("qwen2.5-coder-0.5b-instruct", "bfcl_qwen_fc"), ("qwen2.5-coder-0.5b-instruct", "chat_template"),
         ("smollm2-135m-instruct", "bfcl_qwen_fc")]  # fmt: skip
@@ -84,7 +85,7 @@ def main() -> int:
                              "is float32 on a CPU without AMX-BF16 / AVX512-BF16 (faster there, other ties)")
     args = parser.parse_args()
     tasks = fixed_tasks(args.per_category)
-    console = Console()
+    console = provenance_console()
     console.print("tasks: " + ", ".join(tasks), highlight=False, soft_wrap=True)
     table = Table("model", "prompt mode", "success", "95% CI", "turns reached", "top labels", "s / task", "wrote (messages)",
                   title=f"Real models, bfcl protocol, greedy, {len(tasks)} test tasks, max {args.max_new_tokens} new tokens")  # fmt: skip
@@ -95,18 +96,13 @@ def main() -> int:
             console.print(f"[yellow]skipped {model}: run `seal models pull {model}`[/]")
             continue
         run = args.out / f"{model}--{mode}"
-        timing = run / "seconds.json"
         started = time.perf_counter()
         command = [sys.executable, "-m", "seal_rl", "eval", "--policy", f"hf:{model}", "--split", "test", "--tasks", ",".join(tasks),
                    "--prompt-mode", mode, "--max-new-tokens", str(args.max_new_tokens), "--dtype", args.dtype, "--out", str(run)]  # fmt: skip
         done = subprocess.run(command)
         if done.returncode not in (0, 1):  # 1: every episode a generation error (reported in the table)
             return done.returncode
-        spent = time.perf_counter() - started
-        previous = json.loads(timing.read_text())["seconds"] if timing.exists() else 0.0
-        if spent > 5:  # a resumed run that found everything done keeps the first measurement
-            timing.write_text(json.dumps({"seconds": previous + spent}) + "\n")
-        s = summarise(run, json.loads(timing.read_text())["seconds"] if timing.exists() else spent)
+        s = summarise(run, resumed_seconds(run / "seconds.json", time.perf_counter() - started, floor=5))
         table.add_row(model, mode, f"{s['successes']}/{s['episodes']}", f"{s['ci95'][0]:.0%}–{s['ci95'][1]:.0%}",
                       f"{s['turns'][0]}/{s['turns'][1]}", ", ".join(f"{k} {v}" for k, v in s["labels"]) or "—",
                       f"{s['seconds_per_task']:.0f}", ", ".join(f"{k} {v}" for k, v in s["wrote"]))  # fmt: skip
