@@ -17,7 +17,7 @@ messages whose calls parsed and executed (accepted calls), messages with an uncl
 (more opening than closing tags in the answer), turns passed, and the share of turn labels
 ``invalid_tool_call`` / ``missing_tool_call`` / ``not_reached`` (of all turn labels), each share with a
 Wilson 95% interval. The last line is the paired difference interface - vanilla in completion-budget
-endings, with an exact McNemar p. docs/real-study.md (``seal-dense``, seed 2) asks this question: that
+endings, with an exact McNemar p. docs/results/real-study.md (``seal-dense``, seed 2) asks this question: that
 seed's rollouts began to end on the completion budget in runs of unclosed calls in the round its
 interface switched on.
 

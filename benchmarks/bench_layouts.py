@@ -1,7 +1,7 @@
 """The learn-cpu recipe in the ``turn`` sample layout against the ``episode`` layout, in the same run.
 
 Both arms run ``seal train --config learn-cpu`` with the same seed, so the same warm start, and
-differ only in what one training sample is (docs/training.md, "Sample layouts"):
+differ only in what one training sample is (docs/concepts/credit.md, "Sample layouts"):
 
 * ``episode``: one token-exact sample per episode (the recipe's default, the paper's);
 * ``turn``: ``layout: turn``, ``turn_samples: 4``: four samples per episode, each one model

@@ -1,11 +1,11 @@
 """The held-out study's smoke: does the SEAL arm's first rollouts on the real model carry an advantage?
 
-The study itself is a command of the package, ``seal study`` (src/seal_rl/study/, docs/study.md):
+The study itself is a command of the package, ``seal study`` (src/seal_rl/study/, docs/guides/preflight-and-studies.md):
 ``make bench-real-study`` and ``make bench-study-tradingbot`` run the shipped studies ``real-study``
 and ``study-tradingbot`` with it. This benchmark measures one thing on top of it: the study narrowed
 to the SEAL arm alone, one seed, two rounds, one held-out task, no test evaluation and a one-epoch
 warm start (``SMOKE``), run through ``seal study``; it exits 1 unless some of its rollouts carry a
-non-zero advantage (``make bench-real-study-smoke``; about 12.5 min on 2 cores, docs/real-study.md).
+non-zero advantage (``make bench-real-study-smoke``; about 12.5 min on 2 cores, docs/results/real-study.md).
 
 Usage: python benchmarks/bench_real_study.py [--study NAME_OR_FILE] [--out DIR] [--set KEY=VALUE ...]
 """

@@ -2,7 +2,7 @@
 
 Every row runs the same episodes twice, once per scheduler, in the same process:
 
-* ``round greedy``: one training round of the study (docs/real-study.md) at 4x its width: 8
+* ``round greedy``: one training round of the study (docs/results/real-study.md) at 4x its width: 8
   TradingBot training-split tasks x G = 4 = 32 episodes, ``seal`` protocol, the study recipe's
   budgets (8192 / 512 / 128), concurrency 8 and generation batch 8, greedy so that both schedulers
   must produce the same tokens (checked: the row says ``same``, or where episodes part and

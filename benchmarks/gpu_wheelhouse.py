@@ -14,7 +14,7 @@ known breaks a requirement, or when the folder exceeds 50 MiB (the GPU window ca
 the working tree). Requirements on node packages whose version is not known are listed as assumed.
 
 Usage: python benchmarks/gpu_wheelhouse.py --bfcl bfcl-eval==VERSION [--out wheelhouse]   (``make gpu-wheelhouse``)
-On the node: python3 -m pip install --no-index --no-deps --target /tmp/site wheelhouse/*.whl (docs/gpu.md).
+On the node: python3 -m pip install --no-index --no-deps --target /tmp/site wheelhouse/*.whl (docs/guides/gpu.md).
 """
 
 from __future__ import annotations

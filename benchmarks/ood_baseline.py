@@ -1,4 +1,4 @@
-"""The OOD baseline on this machine (docs/ood.md, issue 58): the pulled models on τ²-bench and BFCL V4 memory.
+"""The OOD baseline on this machine (docs/guides/ood.md, issue 58): the pulled models on τ²-bench and BFCL V4 memory.
 
 Each pulled model plays the agent on a fixed subset: the first ``--per-domain`` test tasks of each τ²
 domain (τ²'s own ``test`` split, in its order; one trial, τ²'s run seed), with Qwen2.5-Coder-0.5B as τ²'s
@@ -11,7 +11,7 @@ cap only saves time; a conversation that reaches it scores 0, as at 200).
 
 Runs go to ``--out/MODEL--BENCHMARK`` and resume when interrupted (re-run the same command). The
 table (printed, and as Markdown in ``--out/table.md``) gives the score with its 95% Wilson interval, how conversations ended, the failure profile's
-top labels (docs/diagnosis.md, "OOD runs") and the wall time per conversation, beside the paper's
+top labels (docs/concepts/diagnosis.md, "OOD runs") and the wall time per conversation, beside the paper's
 figures (Qwen2.5-7B-Instruct on 8 GPUs, not comparable in scale: the reference for what a run is
 for).
 
@@ -43,7 +43,7 @@ AGENTS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
 USER = "qwen2.5-coder-0.5b-instruct"
 TAU2 = ("tau2-airline", "tau2-retail", "tau2-telecom")
 PAPER = {"tau2": "16.11 → 20.79 (retail, airline, telecom)", "bfcl-memory": "9.17 → 12.71 (web search + memory)"}
-"""SEAL Table 2, Qwen2.5-7B-Instruct: vanilla GRPO → SEAL, single seed (docs/ood.md)"""
+"""SEAL Table 2, Qwen2.5-7B-Instruct: vanilla GRPO → SEAL, single seed (docs/guides/ood.md)"""
 
 
 def tau2_tasks(domain: str, per_domain: int) -> list[str]:

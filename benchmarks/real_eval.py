@@ -1,4 +1,4 @@
-"""The real-model baseline (docs/real-models.md): the pulled models on 20 fixed test tasks.
+"""The real-model baseline (docs/guides/real-models.md): the pulled models on 20 fixed test tasks.
 
 Each model is evaluated with ``seal eval`` (greedy, strict, the ``bfcl`` protocol) in every prompt
 mode its chat template supports: Qwen2.5-Coder in ``bfcl_qwen_fc`` and ``chat_template`` (its
