@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -38,15 +37,10 @@ T = TypeVar("T")
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where there is none)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    """The CPU's model name, as ``seal doctor`` reports it (:func:`seal_rl.doctor.facts.cpu_model`)."""
+    from seal_rl.doctor.facts import cpu_model as doctor_cpu_model
+
+    return doctor_cpu_model()
 
 
 def gpus() -> list[str]:
