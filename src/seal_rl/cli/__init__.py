@@ -95,7 +95,7 @@ def main() -> None:
     installed (:mod:`seal_rl.extras`), become one line on stderr and exit code 2."""
     warnings.showwarning = _show_warning
     try:
-        app()
+        app(prog_name="seal")  # also after entry() re-runs itself as `python -m seal_rl`
     except SealError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
