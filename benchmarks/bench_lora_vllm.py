@@ -5,7 +5,8 @@ vLLM's own LoRA serving, on SmolLM2-135M-Instruct (pulled by ``seal models pull`
   (:func:`seal_rl.train.lora.merged_tensors`) and loads them into a plain engine
   (:func:`seal_rl.generators.vllm_cpu.reload_weights`); generation is the plain model's.
 * ``vllm-lora``: an engine built with ``enable_lora``; every sync saves the adapter (PEFT's
-  ``save_pretrained``) and loads it in place (``add_lora`` with ``load_inplace``); every request
+  ``save_pretrained``), loads it in place (``add_lora`` with ``load_inplace``) and empties the
+  prefix cache (its blocks are keyed by the adapter's id, not its weights); every request
   carries the ``LoRARequest``, so each step adds the adapters' low-rank products (vLLM's punica
   kernels; on a CPU, ``PunicaWrapperCPU``).
 
@@ -90,6 +91,8 @@ def measure(way: str, path: str, model, prompts: list[list[int]], args) -> dict:
                 else:
                     model.save_pretrained(scratch)
                     llm.llm_engine.add_lora(request)
+                    if not args.keep_prefix_cache:  # its blocks are keyed by the adapter's id, which stays the same
+                        llm.reset_prefix_cache()
 
             syncs.append(timed(sync)[0])
             seconds, outputs = timed(lambda: llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
@@ -114,6 +117,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--syncs", type=int, default=3, help="sync + batch repetitions per way (medians reported)")
+    parser.add_argument("--keep-prefix-cache", action="store_true",
+                        help="vllm-lora: keep the prefix cache across in-place reloads (it then serves the old adapter's KV blocks)")
     parser.add_argument("--checked", type=int, default=4, help="rows per batch whose log-probabilities are checked against HF")
     args = parser.parse_args()
     try:
