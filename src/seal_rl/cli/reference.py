@@ -2,7 +2,7 @@
 
 :func:`recipe_reference` walks the recipe's dataclasses from :class:`~seal_rl.train.recipe.SealRecipe`
 down (nested blocks, ``model.lora``, the ``warm_start.data`` items, and the free-form sections that
-validation builds into their own config classes, :data:`RECIPE_SECTIONS`) and writes one table per
+validation builds into their own config classes, :func:`recipe_sections`) and writes one table per
 block from the fields' attribute docstrings, so every option is described once, in the code.
 :func:`cli_reference` collects ``seal COMMAND --help`` for every command at a fixed width.
 
